@@ -1,0 +1,44 @@
+"""The collector contract: one hardware signal, read from its real interface.
+
+A collector is cheap and synchronous (a few file reads or library calls); the daemon runs
+each on its own interval in a worker thread and times it. A collector that fails raises;
+the daemon records the error in that collector's :class:`CollectorStatus` and keeps going.
+Roots (``/sys``, ``/proc``, ``/dev``, URLs, library paths) come from :class:`Roots` so the
+same code reads a real node, a fixture tree or a simulated node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+
+@dataclass(frozen=True)
+class Roots:
+    sysfs: Path = Path("/sys")
+    procfs: Path = Path("/proc")
+    dev: Path = Path("/dev")
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Sample(msgspec.Struct, kw_only=True):
+    """One reading of one collector. ``values`` is collector-specific and JSON-able."""
+
+    collector: str
+    time: float
+    values: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class Collector(Protocol):
+    name: str
+    interval_s: float
+
+    def collect(self, now: float) -> Sample: ...
+
+
+class CollectorUnavailable(Exception):
+    """Raised when the signal's source is absent on this node (no NVML, no NVMe): reported
+    as a clean 'not available' status, never a crash."""

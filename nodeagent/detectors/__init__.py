@@ -1,0 +1,1 @@
+"""Detectors turn collector samples into events, with thresholds and hysteresis."""

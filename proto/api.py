@@ -1,0 +1,39 @@
+"""Requests from ``coordinatorctl`` to the leading coordinator, and its replies."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from proto.job import JobSpec
+
+
+class SubmitJob(msgspec.Struct, kw_only=True):
+    spec: JobSpec
+    workdir: str = ""
+    source: str = ""
+
+
+class JobControl(msgspec.Struct, kw_only=True):
+    job: str
+    action: Literal["pause", "resume", "checkpoint", "stop"]
+
+
+class ApiReply(msgspec.Struct, kw_only=True):
+    ok: bool
+    error: str = ""
+    job: str = ""
+    coordinator: str = ""
+
+
+class InjectFault(msgspec.Struct, kw_only=True):
+    """``coordinatorctl inject NODE FAULT`` → the simulator of NODE (``subjects.sim``)."""
+
+    fault: str
+
+
+class InjectReply(msgspec.Struct, kw_only=True):
+    ok: bool
+    error: str = ""
+    faults: list[str] = msgspec.field(default_factory=list)

@@ -1,0 +1,73 @@
+"""Commands from the leading coordinator to node agents, and the agents' replies.
+
+Every command carries the leader's ``epoch`` (its lease revision). An agent remembers the
+newest epoch it has seen and refuses anything older (fencing): a deposed leader that has
+not noticed yet cannot give orders.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class CommandBase(msgspec.Struct, tag_field="command", kw_only=True):
+    epoch: int
+    issued_by: str = ""
+    job: str = ""
+
+
+class RankSpec(msgspec.Struct, kw_only=True):
+    rank: int
+    local_rank: int
+    cpus: list[int] = msgspec.field(default_factory=list)
+
+
+class Launch(CommandBase, tag="launch"):
+    """Start this node's ranks of a job. ``env`` is torchrun's contract plus the job's."""
+
+    ranks: list[RankSpec]
+    argv: list[str]
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    workdir: str = ""
+    attempt: int = 0
+    pre_start: str | None = None
+
+
+class Pause(CommandBase, tag="pause"):
+    reason: str = ""
+
+
+class Resume(CommandBase, tag="resume"):
+    reason: str = ""
+
+
+class CheckpointNow(CommandBase, tag="checkpoint"):
+    reason: str = ""
+
+
+class Stop(CommandBase, tag="stop"):
+    """Stop the job's ranks at the next step boundary (graceful), or kill them now."""
+
+    reason: str = ""
+    force: bool = False
+    grace_s: float = 10.0
+
+
+class ResyncClock(CommandBase, tag="resync_clock"):
+    pass
+
+
+class ReservePort(CommandBase, tag="reserve_port"):
+    """Ask the master node for a free TCP port for the rendezvous store."""
+
+
+Command = Launch | Pause | Resume | CheckpointNow | Stop | ResyncClock | ReservePort
+
+
+class CommandReply(msgspec.Struct, kw_only=True):
+    ok: bool
+    error: str = ""
+    node: str = ""
+    epoch_seen: int = 0
+    port: int = 0
+    pids: list[int] = msgspec.field(default_factory=list)

@@ -1,0 +1,265 @@
+"""Events: a tagged union on ``kind`` covering every kind of the external contract.
+
+Every event carries ``time``, ``severity``, ``node`` and ``job``; each kind adds its own
+fields, all with defaults so that older readers and newer writers interoperate. Unknown
+fields are ignored on decode (wire structs tolerate additions).
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+
+import msgspec
+
+
+class Severity(enum.StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class EventBase(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=False):
+    time: datetime = msgspec.field(default_factory=utcnow)
+    severity: Severity = Severity.INFO
+    node: str | None = None
+    job: str | None = None
+    message: str = ""
+
+
+# -- node lifecycle -------------------------------------------------------------------
+
+
+class NodeRegistered(EventBase, tag="node.registered"):
+    addr: str = ""
+    hostname: str = ""
+    gpus: int = 0
+    simulated: bool = False
+
+
+class NodeLost(EventBase, tag="node.lost"):
+    last_seen: datetime | None = None
+    missed_beats: int = 0
+
+
+class PreflightCheck(msgspec.Struct, kw_only=True):
+    name: str
+    ok: bool
+    value: str = ""
+    want: str = ""
+
+
+class NodePreflight(EventBase, tag="node.preflight"):
+    ok: bool = True
+    checks: list[PreflightCheck] = msgspec.field(default_factory=list)
+
+
+# -- GPU ------------------------------------------------------------------------------
+
+
+class Topology(EventBase, tag="topology"):
+    gpus: list[str] = msgspec.field(default_factory=list)
+    matrix: list[list[str]] = msgspec.field(default_factory=list)
+
+
+class TopologyDegraded(EventBase, tag="topology.degraded"):
+    gpu_a: int = 0
+    gpu_b: int = 0
+    expected: str = ""
+    found: str = ""
+
+
+class GpuThermal(EventBase, tag="gpu.thermal"):
+    gpu: int = 0
+    temp_c: float = 0.0
+    level: str = "warning"  # normal | warning | critical
+    slowdown_c: float | None = None
+    shutdown_c: float | None = None
+    reasons: list[str] = msgspec.field(default_factory=list)
+
+
+class GpuXid(EventBase, tag="gpu.xid"):
+    gpu: int = 0
+    xid: int = 0
+
+
+class PcieDegraded(EventBase, tag="pcie.degraded"):
+    gpu: int = 0
+    tx_gbps: float = 0.0
+    rx_gbps: float = 0.0
+    expected_gbps: float = 0.0
+    replay_count: int = 0
+
+
+# -- storage --------------------------------------------------------------------------
+
+
+class NvmeLatencySpike(EventBase, tag="nvme.latency_spike"):
+    device: str = ""
+    latency_us: float = 0.0
+    threshold_us: float = 0.0
+
+
+class NvmeLatencyRecovered(EventBase, tag="nvme.latency_recovered"):
+    device: str = ""
+    latency_us: float = 0.0
+    threshold_us: float = 0.0
+    held_s: float = 0.0
+
+
+class NvmeReadonly(EventBase, tag="nvme.readonly"):
+    device: str = ""
+    readonly: bool = True
+    source: str = ""  # sysfs | udev | smart
+
+
+# -- clock and preemption -------------------------------------------------------------
+
+
+class ClockDrift(EventBase, tag="clock.drift"):
+    offset_ms: float = 0.0
+    synced: bool = True
+    source: str = ""
+
+
+class ClockResynced(EventBase, tag="clock.resynced"):
+    offset_before_ms: float = 0.0
+    offset_after_ms: float = 0.0
+    ok: bool = True
+
+
+class SpotNotice(EventBase, tag="spot.notice"):
+    provider: str = ""
+    action: str = ""
+    deadline: datetime | None = None
+
+
+# -- workers and jobs -----------------------------------------------------------------
+
+
+class WorkerExited(EventBase, tag="worker.exited"):
+    rank: int = 0
+    pid: int = 0
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+class JobSubmitted(EventBase, tag="job.submitted"):
+    name: str = ""
+    nodes: int = 0
+    gpus_per_node: int = 0
+
+
+class JobStarted(EventBase, tag="job.started"):
+    world_size: int = 0
+    nodes: list[str] = msgspec.field(default_factory=list)
+    master_addr: str = ""
+    master_port: int = 0
+    skipped: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class JobPaused(EventBase, tag="job.paused"):
+    step: int = 0
+    reason: str = ""
+
+
+class JobResumed(EventBase, tag="job.resumed"):
+    step: int = 0
+    reason: str = ""
+
+
+class JobCheckpointed(EventBase, tag="job.checkpointed"):
+    step: int = 0
+    path: str = ""
+    stall_s: float = 0.0
+
+
+class JobRecovering(EventBase, tag="job.recovering"):
+    reason: str = ""
+    restarts: int = 0
+
+
+class JobRestarted(EventBase, tag="job.restarted"):
+    restarts: int = 0
+    world_size: int = 0
+    nodes: list[str] = msgspec.field(default_factory=list)
+    from_step: int = 0
+
+
+class JobCompleted(EventBase, tag="job.completed"):
+    step: int = 0
+
+
+class JobFailed(EventBase, tag="job.failed"):
+    reason: str = ""
+
+
+class JobStopped(EventBase, tag="job.stopped"):
+    reason: str = ""
+    step: int = 0
+
+
+# -- control plane --------------------------------------------------------------------
+
+
+class CoordinatorLeader(EventBase, tag="coordinator.leader"):
+    coordinator: str = ""
+    epoch: int = 0
+
+
+class CommandRefused(EventBase, tag="command.refused"):
+    command: str = ""
+    epoch: int = 0
+    current_epoch: int = 0
+    reason: str = ""
+
+
+Event = (
+    NodeRegistered
+    | NodeLost
+    | NodePreflight
+    | Topology
+    | TopologyDegraded
+    | GpuThermal
+    | GpuXid
+    | PcieDegraded
+    | NvmeLatencySpike
+    | NvmeLatencyRecovered
+    | NvmeReadonly
+    | ClockDrift
+    | ClockResynced
+    | SpotNotice
+    | WorkerExited
+    | JobSubmitted
+    | JobStarted
+    | JobPaused
+    | JobResumed
+    | JobCheckpointed
+    | JobRecovering
+    | JobRestarted
+    | JobCompleted
+    | JobFailed
+    | JobStopped
+    | CoordinatorLeader
+    | CommandRefused
+)
+
+EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__  # type: ignore[attr-defined]
+EVENT_KINDS: frozenset[str] = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)  # type: ignore[misc]
+
+
+def kind_of(event: EventBase) -> str:
+    return str(type(event).__struct_config__.tag)
+
+
+def scope_of(event: EventBase) -> tuple[str, str]:
+    """The (scope, id) an event is filed under: jobs before nodes, else the cluster."""
+    if event.job:
+        return "job", event.job
+    if event.node:
+        return "node", event.node
+    return "cluster", "-"

@@ -1,0 +1,132 @@
+"""The job file (config: unknown keys are errors) and the job record kept in KV (wire)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+import msgspec
+
+Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base of job-file sections: a typo in a key is an error, not a silent default."""
+
+
+class JobSection(Config):
+    name: Name
+    nodes: Positive = 1
+    gpus_per_node: Positive = 1
+    # A user's own torch script, run under the torchrun environment instead of the
+    # built-in trainer (argv; the first element is resolved relative to the job file).
+    entry: list[str] | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class TrainSection(Config):
+    model: str = "tiny"
+    steps: Positive = 200
+    precision: Literal["fp8", "bf16", "fp32"] = "fp8"
+    micro_batch_size: Positive = 4
+    seq_len: Positive = 128
+    data: str = "synthetic"
+    lr: PositiveFloat = 3e-4
+    grad_clip: PositiveFloat = 1.0
+    seed: NonNegative = 0
+    engine: Literal["ddp", "deepspeed"] = "ddp"
+    zero_stage: Annotated[int, msgspec.Meta(ge=0, le=3)] = 1
+    log_every: Positive = 1
+
+
+class CheckpointSection(Config):
+    every_steps: Positive = 50
+    dir: str = "checkpoints"
+    keep: Positive = 3
+    staging_dir: str | None = None
+
+
+class PolicySection(Config):
+    nvme_pause_us: PositiveFloat = 100.0
+    nvme_resume_us: PositiveFloat = 50.0
+    nvme_hold_s: Annotated[float, msgspec.Meta(ge=0)] = 3.0
+    clock_max_offset_ms: PositiveFloat = 5.0
+    gpu_warn_c: PositiveFloat = 85.0
+    gpu_critical_c: PositiveFloat = 92.0
+    max_restarts: NonNegative = 3
+    heartbeat_missed: Positive = 3
+
+
+class JobSpec(Config):
+    job: JobSection
+    train: TrainSection = msgspec.field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
+    policy: PolicySection = msgspec.field(default_factory=PolicySection)
+
+
+class JobState(enum.StrEnum):
+    """Job lifecycle.
+
+    pending → starting (admitted, rendezvous built, ranks launching) → running;
+    running ⇄ paused (pause/resume at a step boundary); running → checkpointing → running;
+    running/paused → recovering (a rank or node lost) → starting (re-rendezvous);
+    any live state → completed | failed | stopped (terminal).
+    """
+
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    PAUSED = "paused"
+    CHECKPOINTING = "checkpointing"
+    RECOVERING = "recovering"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED)
+
+
+GOODPUT_BUCKETS = (
+    "productive",
+    "startup",
+    "paused",
+    "checkpoint_stall",
+    "recovery",
+    "lost_work",
+    "idle",
+)
+
+
+class JobRecord(msgspec.Struct, kw_only=True):
+    """What the coordinator keeps for a job in KV; ``status JOB --json`` prints it."""
+
+    id: str
+    name: str
+    spec: JobSpec
+    workdir: str = ""
+    state: JobState = JobState.PENDING
+    step: int = 0
+    target_steps: int = 0
+    restarts: int = 0
+    pauses: int = 0
+    last_checkpoint_step: int | None = None
+    world_size: int = 0
+    nodes: list[str] = msgspec.field(default_factory=list)
+    master_addr: str = ""
+    master_port: int = 0
+    loss: float | None = None
+    reason: str = ""
+    pause_reasons: list[str] = msgspec.field(default_factory=list)
+    attempt: int = 0
+    exited_ranks: dict[str, int] = msgspec.field(default_factory=dict)
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    first_step_at: float | None = None
+    finished_at: float | None = None
+    updated_at: float = 0.0
+    goodput: dict[str, float] = msgspec.field(default_factory=dict)

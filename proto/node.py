@@ -1,0 +1,54 @@
+"""Heartbeats and telemetry a node agent publishes every beat."""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class NodeState(enum.StrEnum):
+    """ready → degraded (a fault is active) → ready; draining (no new ranks); lost
+    (3 missed heartbeats) → ready again on the next heartbeat."""
+
+    READY = "ready"
+    DEGRADED = "degraded"
+    DRAINING = "draining"
+    LOST = "lost"
+
+
+class GpuSample(msgspec.Struct, kw_only=True):
+    index: int
+    temp_c: float | None = None
+    util_pct: float | None = None
+    mem_used_mb: float | None = None
+
+
+class Telemetry(msgspec.Struct, kw_only=True):
+    nvme_latency_us: dict[str, float] = msgspec.field(default_factory=dict)
+    gpus: list[GpuSample] = msgspec.field(default_factory=list)
+    clock_offset_ms: float | None = None
+    faults: list[str] = msgspec.field(default_factory=list)
+
+
+class CollectorStatus(msgspec.Struct, kw_only=True):
+    name: str
+    ok: bool
+    duration_s: float = 0.0
+    error: str = ""
+
+
+class Heartbeat(msgspec.Struct, kw_only=True):
+    node: str
+    seq: int
+    sent_at: float
+    addr: str = ""
+    hostname: str = ""
+    gpus: int = 0
+    simulated: bool = False
+    interval_s: float = 1.0
+    preflight_ok: bool = True
+    topology_ok: bool = True
+    telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
+    collectors: list[CollectorStatus] = msgspec.field(default_factory=list)
+    jobs: list[str] = msgspec.field(default_factory=list)

@@ -1,0 +1,73 @@
+"""Subject, stream and bucket names. ``ringmaster.<cluster>.<node|job>.<id>.<kind>`` for
+events so that a plain NATS client can subscribe with ordinary wildcards."""
+
+from __future__ import annotations
+
+import re
+
+ROOT = "ringmaster"
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def check_token(value: str, what: str) -> str:
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value!r} must be letters, digits, '-' or '_'")
+    return value
+
+
+def event(cluster: str, scope: str, ident: str, kind: str) -> str:
+    return f"{ROOT}.{cluster}.{scope}.{ident}.{kind}"
+
+
+def events_filter(
+    cluster: str, *, node: str | None = None, job: str | None = None, kind: str | None = None
+) -> str:
+    """A subject filter for the event stream; node and job filters are exclusive scopes."""
+    scope, ident = ("*", "*")
+    if job:
+        scope, ident = "job", job
+    elif node:
+        scope, ident = "node", node
+    return f"{ROOT}.{cluster}.{scope}.{ident}.{kind if kind else '>'}"
+
+
+def events_all(cluster: str) -> list[str]:
+    return [f"{ROOT}.{cluster}.{s}.>" for s in ("node", "job", "cluster")]
+
+
+def heartbeat(cluster: str, node: str) -> str:
+    return f"{ROOT}.{cluster}.hb.{node}"
+
+
+def heartbeats(cluster: str) -> str:
+    return f"{ROOT}.{cluster}.hb.*"
+
+
+def command(cluster: str, node: str) -> str:
+    return f"{ROOT}.{cluster}.cmd.{node}"
+
+
+def api(cluster: str, verb: str) -> str:
+    return f"{ROOT}.{cluster}.api.{verb}"
+
+
+def progress(cluster: str, job: str) -> str:
+    """Per-step trainer progress relayed by rank 0's agent (not persisted)."""
+    return f"{ROOT}.{cluster}.progress.{job}"
+
+
+def progress_all(cluster: str) -> str:
+    return f"{ROOT}.{cluster}.progress.*"
+
+
+def sim(cluster: str, node: str) -> str:
+    """Fault injection on a simulated node; real nodes have no responder here."""
+    return f"{ROOT}.{cluster}.sim.{node}"
+
+
+def events_stream(cluster: str) -> str:
+    return f"RINGMASTER_{cluster.upper().replace('-', '_')}_EVENTS"
+
+
+def bucket(cluster: str, what: str) -> str:
+    return f"ringmaster_{cluster}_{what}".replace("-", "_")
