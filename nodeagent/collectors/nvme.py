@@ -1,0 +1,139 @@
+"""NVMe latency from ``<sysfs>/block/<dev>/stat``: mean completion latency per window.
+
+The kernel keeps cumulative counters of completed I/Os and of the time they took (``read
+ticks``/``write ticks`` in ms, derived from a nanosecond sum, so no per-I/O rounding); the mean
+latency over a window is Δticks ÷ ΔI/Os. Reading two cheap files per device every half second
+is enough to see a device slow from ~20 µs to hundreds of µs before a training step notices.
+
+One bad device never hides the others: any problem reading or parsing one device becomes an
+entry in ``errors`` and that device is re-baselined on its next good reading. Only the absence
+of every NVMe device raises (:class:`CollectorUnavailable`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodeagent.collectors.base import CollectorUnavailable, Roots, Sample
+
+# Whole namespaces only: partitions (nvme0n1p1) live below the disk, and the hidden per-path
+# devices of native NVMe multipath (nvme0c1n1) would count the same I/O twice.
+WHOLE_DISK = re.compile(r"nvme\d+n\d+")
+
+# Field counts of the layouts in Documentation/block/stat.rst: 11 (before 4.18), 15 (with
+# discard, 4.18+), 17 (with flush, 5.5+). Longer lines are accepted for later kernels, which
+# only ever append; anything else is not a block stat file.
+_LAYOUTS = (11, 15, 17)
+
+
+class StatError(ValueError):
+    """A stat or ro file that does not hold what the kernel writes there."""
+
+
+@dataclass(frozen=True)
+class _Reading:
+    time: float
+    ios: int  # read + write I/Os completed
+    ticks_ms: int  # read + write ticks
+
+
+def parse_stat(text: str) -> tuple[int, int]:
+    """(completed read+write I/Os, read+write ticks in ms) from one stat file's text."""
+    fields = text.split()
+    if len(fields) not in _LAYOUTS and len(fields) <= _LAYOUTS[-1]:
+        raise StatError(f"expected 11, 15 or 17 fields, got {len(fields)}")
+    try:
+        values = [int(f) for f in fields[:8]]
+    except ValueError:
+        raise StatError(f"non-integer field in {text.strip()[:60]!r}") from None
+    if min(values) < 0:
+        raise StatError("negative counter")
+    read_ios, _, _, read_ticks, write_ios, _, _, write_ticks = values
+    return read_ios + write_ios, read_ticks + write_ticks
+
+
+def parse_ro(text: str) -> bool:
+    value = text.strip()
+    if value not in ("0", "1"):
+        raise StatError(f"ro holds {value[:20]!r}, expected 0 or 1")
+    return value == "1"
+
+
+class NvmeLatencyCollector:
+    """Mean I/O latency, IOPS and the read-only flag of each NVMe namespace.
+
+    ``values`` = ``{"devices": {dev: {"latency_us", "iops", "readonly"}}, "errors": {dev: msg}}``.
+    ``latency_us`` is None when no I/O completed in the window (nothing to average), on a
+    device's first reading and after its counters went backwards (a reset or a wrap); ``iops``
+    is 0.0 in those windows.
+    """
+
+    name = "nvme"
+
+    def __init__(
+        self, roots: Roots, devices: list[str] | None = None, interval_s: float = 0.5
+    ) -> None:
+        self.interval_s = interval_s
+        self._block = roots.sysfs / "block"
+        self._only = devices
+        self._last: dict[str, _Reading] = {}
+
+    def collect(self, now: float) -> Sample:
+        present = self._discover()
+        wanted = self._only if self._only is not None else present
+        devices: dict[str, dict[str, Any]] = {}
+        errors: dict[str, str] = {}
+        for dev in sorted(set(self._last) - set(present)):
+            errors[dev] = "device vanished"
+            del self._last[dev]
+        for dev in wanted:
+            if dev not in present:
+                errors.setdefault(dev, "device not present")
+                continue
+            try:
+                devices[dev] = self._read(dev, now)
+            except (OSError, StatError) as exc:
+                self._last.pop(dev, None)
+                errors[dev] = _describe(exc)
+        return Sample(collector=self.name, time=now, values={"devices": devices, "errors": errors})
+
+    def _discover(self) -> list[str]:
+        try:
+            names = sorted(p.name for p in self._block.iterdir() if WHOLE_DISK.fullmatch(p.name))
+        except OSError as exc:
+            raise CollectorUnavailable(f"cannot list {self._block}: {_describe(exc)}") from exc
+        if not names:
+            raise CollectorUnavailable(f"no NVMe block devices under {self._block}")
+        return names
+
+    def _read(self, dev: str, now: float) -> dict[str, Any]:
+        base = self._block / dev
+        ios, ticks = parse_stat(_read_text(base / "stat"))
+        readonly = parse_ro(_read_text(base / "ro"))
+        current = _Reading(now, ios, ticks)
+        previous = self._last.get(dev)
+        self._last[dev] = current
+        latency_us: float | None = None
+        iops = 0.0
+        if previous is not None and ios >= previous.ios and ticks >= previous.ticks_ms:
+            d_ios = ios - previous.ios
+            if d_ios:
+                latency_us = (ticks - previous.ticks_ms) * 1000.0 / d_ios
+            if now > previous.time:
+                iops = d_ios / (now - previous.time)
+        return {"latency_us": latency_us, "iops": iops, "readonly": readonly}
+
+
+def _read_text(path: Path) -> str:
+    return path.read_text(encoding="ascii", errors="replace")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return f"vanished while reading: {exc.filename}"
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
+    return str(exc)

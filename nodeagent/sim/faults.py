@@ -1,0 +1,184 @@
+"""The fault language of ``coordinatorctl inject`` (DESIGN §3), parsed into typed structs.
+
+Parsing is pure and covers every fault form, even those the simulator cannot act on yet, so
+that a typo is refused with a clear message and the same structs serve each simulated
+signal as it is added. ``str(fault)`` gives the canonical form, used to list active faults.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import msgspec
+
+DEVICE = re.compile(r"nvme\d+n\d+")
+LINK_KINDS = ("PHB", "SYS", "NODE", "PIX", "PXB")  # besides NV<count>
+_LINK = re.compile(r"(\d+)-(\d+):(NV[1-9]\d*|" + "|".join(LINK_KINDS) + r")")
+
+
+class NvmeLatencyFault(msgspec.Struct, frozen=True):
+    latency_us: float
+    device: str | None = None  # None: every NVMe device of the node
+
+    def __str__(self) -> str:
+        return f"nvme-latency={self.latency_us:g}" + (f"@{self.device}" if self.device else "")
+
+
+class NvmeReadonlyFault(msgspec.Struct, frozen=True):
+    readonly: bool
+
+    def __str__(self) -> str:
+        return f"nvme-readonly={'on' if self.readonly else 'off'}"
+
+
+class GpuTempFault(msgspec.Struct, frozen=True):
+    temp_c: float
+    gpu: int | None = None  # None: every GPU
+
+    def __str__(self) -> str:
+        return f"gpu-temp={self.temp_c:g}" + (f"@{self.gpu}" if self.gpu is not None else "")
+
+
+class ClockOffsetFault(msgspec.Struct, frozen=True):
+    offset_ms: float
+
+    def __str__(self) -> str:
+        return f"clock-offset={self.offset_ms:g}"
+
+
+class SpotNoticeFault(msgspec.Struct, frozen=True):
+    deadline_s: float  # seconds from injection to the preemption
+
+    def __str__(self) -> str:
+        return f"spot-notice={self.deadline_s:g}"
+
+
+class PcieBwFault(msgspec.Struct, frozen=True):
+    gbps: float
+    gpu: int | None = None
+
+    def __str__(self) -> str:
+        return f"pcie-bw={self.gbps:g}" + (f"@{self.gpu}" if self.gpu is not None else "")
+
+
+class LinkFault(msgspec.Struct, frozen=True):
+    gpu_a: int
+    gpu_b: int
+    link: str  # NV<count> | PHB | SYS | NODE | PIX | PXB, as nvidia-smi topo prints it
+
+    def __str__(self) -> str:
+        return f"link={self.gpu_a}-{self.gpu_b}:{self.link}"
+
+
+class KillWorkerFault(msgspec.Struct, frozen=True):
+    def __str__(self) -> str:
+        return "kill-worker"
+
+
+class KillAgentFault(msgspec.Struct, frozen=True):
+    def __str__(self) -> str:
+        return "kill-agent"
+
+
+class ClearFault(msgspec.Struct, frozen=True):
+    def __str__(self) -> str:
+        return "clear"
+
+
+Fault = (
+    NvmeLatencyFault
+    | NvmeReadonlyFault
+    | GpuTempFault
+    | ClockOffsetFault
+    | SpotNoticeFault
+    | PcieBwFault
+    | LinkFault
+    | KillWorkerFault
+    | KillAgentFault
+    | ClearFault
+)
+
+# name → the form it expects, quoted in every error so the operator sees the fix.
+FORMS = {
+    "nvme-latency": "nvme-latency=<µs>[@nvmeXnY] with µs > 0",
+    "nvme-readonly": "nvme-readonly=on|off",
+    "gpu-temp": "gpu-temp=<°C>[@gpu] with 0 <= °C <= 150",
+    "clock-offset": "clock-offset=<ms> (signed)",
+    "spot-notice": "spot-notice=<s> with s >= 0",
+    "pcie-bw": "pcie-bw=<GB/s>[@gpu] with GB/s >= 0",
+    "link": "link=<gpuA>-<gpuB>:<NV#|PHB|SYS|NODE|PIX|PXB> with gpuA != gpuB",
+    "kill-worker": "kill-worker",
+    "kill-agent": "kill-agent",
+    "clear": "clear",
+}
+_BARE: dict[str, type[KillWorkerFault | KillAgentFault | ClearFault]] = {
+    "kill-worker": KillWorkerFault,
+    "kill-agent": KillAgentFault,
+    "clear": ClearFault,
+}
+
+
+class _Bad(Exception):
+    """Raised inside a parser; turned into one ValueError naming the fault and its form."""
+
+
+def parse_fault(text: str) -> Fault:
+    """One fault from its command-line form; ValueError names the fault and what it expects."""
+    name, sep, value = text.strip().partition("=")
+    if name not in FORMS:
+        raise ValueError(f"unknown fault {name!r}; expected one of: {', '.join(FORMS)}")
+    try:
+        if name in _BARE:
+            if sep:
+                raise _Bad("takes no value")
+            return _BARE[name]()
+        if not value:
+            raise _Bad("missing value")
+        return _parse_valued(name, value)
+    except _Bad as exc:
+        raise ValueError(f"bad fault {text.strip()!r}: {exc}; expected {FORMS[name]}") from None
+
+
+def _parse_valued(name: str, value: str) -> Fault:
+    if name == "nvme-readonly":
+        if value not in ("on", "off"):
+            raise _Bad(f"{value!r} is not on or off")
+        return NvmeReadonlyFault(readonly=value == "on")
+    if name == "link":
+        match = _LINK.fullmatch(value)
+        if not match or match[1] == match[2]:
+            raise _Bad(f"{value!r} is not a link between two GPUs")
+        return LinkFault(gpu_a=int(match[1]), gpu_b=int(match[2]), link=match[3])
+    if name == "clock-offset":
+        return ClockOffsetFault(offset_ms=_number(value))
+    if name == "spot-notice":
+        return SpotNoticeFault(deadline_s=_number(value, low=0.0))
+    number, _, target = value.partition("@")
+    if name == "nvme-latency":
+        if target and not DEVICE.fullmatch(target):
+            raise _Bad(f"{target!r} is not an NVMe namespace like nvme0n1")
+        latency = _number(number, low=0.0)
+        if latency == 0:
+            raise _Bad("latency must be above 0")
+        return NvmeLatencyFault(latency_us=latency, device=target or None)
+    gpu = _gpu(target) if target else None
+    if name == "gpu-temp":
+        return GpuTempFault(temp_c=_number(number, low=0.0, high=150.0), gpu=gpu)
+    return PcieBwFault(gbps=_number(number, low=0.0), gpu=gpu)
+
+
+def _number(text: str, *, low: float = -math.inf, high: float = math.inf) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise _Bad(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or not low <= value <= high:
+        raise _Bad(f"{text} is out of range")
+    return value
+
+
+def _gpu(text: str) -> int:
+    if not (text.isascii() and text.isdigit()):
+        raise _Bad(f"GPU {text!r} is not an index")
+    return int(text)

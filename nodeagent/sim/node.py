@@ -1,0 +1,159 @@
+"""A simulated node: a sysfs tree whose counters a real kernel would plausibly write.
+
+The node agent on a simulated node is the real agent with its roots pointed here, so the
+simulator's job is only to keep these files moving like hardware does, and to bend them on
+``inject``. Files are replaced atomically (write a temporary file, rename it over) so a
+reader never sees half a line.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodeagent.collectors.base import Roots
+from nodeagent.sim.faults import (
+    ClearFault,
+    NvmeLatencyFault,
+    NvmeReadonlyFault,
+    parse_fault,
+)
+
+BASELINE_US = 20.0  # healthy datacentre NVMe under a training job's read load
+NOISE_US = 2.0  # ± per tick
+IOPS_RANGE = (3000.0, 6000.0)
+READ_SHARE = (0.6, 0.8)
+SECTORS_PER_IO = 8  # 4 KiB I/Os in 512-byte sectors
+
+
+@dataclass
+class _Disk:
+    """One namespace's cumulative counters; times in ns as the kernel keeps them."""
+
+    name: str
+    dir: Path
+    ios: list[int] = field(default_factory=lambda: [0, 0])  # read, write
+    merges: list[int] = field(default_factory=lambda: [0, 0])
+    sectors: list[int] = field(default_factory=lambda: [0, 0])
+    ns: list[int] = field(default_factory=lambda: [0, 0])
+    in_flight: int = 0
+    busy_ns: int = 0
+    flushes: int = 0
+    flush_ns: int = 0
+    carry: float = 0.0  # fraction of an I/O owed to the next tick
+    readonly: bool = False
+
+    def stat_line(self) -> str:
+        """The 17-field layout of Documentation/block/stat.rst (Linux 5.5+); ticks in ms."""
+        ms = [n // 1_000_000 for n in self.ns]
+        queue_ms = (sum(self.ns) + self.flush_ns) // 1_000_000
+        fields = [
+            self.ios[0], self.merges[0], self.sectors[0], ms[0],
+            self.ios[1], self.merges[1], self.sectors[1], ms[1],
+            self.in_flight, self.busy_ns // 1_000_000, queue_ms,
+            0, 0, 0, 0,
+            self.flushes, self.flush_ns // 1_000_000,
+        ]  # fmt: skip
+        return " ".join(f"{v:8d}" for v in fields) + "\n"
+
+
+class SimulatedNode:
+    """``<root>/sys/block/nvme{i}n1/{stat,ro}`` and ``<root>/proc``, advanced by :meth:`tick`."""
+
+    def __init__(
+        self, root: Path, node: str, nvme_devices: int = 2, *, seed: int | None = None
+    ) -> None:
+        self.root = root
+        self.node = node
+        self.roots = Roots(sysfs=root / "sys", procfs=root / "proc")
+        self._rng = random.Random(seed)
+        self._latency: dict[str | None, NvmeLatencyFault] = {}  # None: all devices
+        self._readonly: NvmeReadonlyFault | None = None
+        self._disks: dict[str, _Disk] = {}
+        self.roots.procfs.mkdir(parents=True, exist_ok=True)
+        block = self.roots.sysfs / "block"
+        block.mkdir(parents=True, exist_ok=True)
+        for i in range(nvme_devices):
+            name = f"nvme{i}n1"
+            # Like real sysfs: /sys/block/<dev> links to the device under /sys/devices.
+            target = Path("..", "devices", "virtual", "nvme", f"nvme{i}", name)
+            (block / target).mkdir(parents=True, exist_ok=True)
+            link = block / name
+            if not link.is_symlink():
+                link.symlink_to(target)
+            disk = _Disk(name, link)
+            self._disks[name] = disk
+            _write(disk.dir / "stat", disk.stat_line())
+            _write(disk.dir / "ro", "0\n")
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self._disks)
+
+    def tick(self, dt: float) -> None:
+        """Advance every device by ``dt`` seconds of I/O and rewrite its stat file."""
+        for disk in self._disks.values():
+            self._advance(disk, dt)
+            _write(disk.dir / "stat", disk.stat_line())
+
+    def _advance(self, disk: _Disk, dt: float) -> None:
+        rng = self._rng
+        owed = rng.uniform(*IOPS_RANGE) * dt + disk.carry
+        n = int(owed)
+        disk.carry = owed - n
+        latency_us = self._latency_us(disk.name) + rng.uniform(-NOISE_US, NOISE_US)
+        per_io_ns = max(1, round(latency_us * 1000))
+        reads = n if disk.readonly else round(n * rng.uniform(*READ_SHARE))
+        for i, count in enumerate((reads, n - reads)):
+            disk.ios[i] += count
+            disk.merges[i] += count // 16
+            disk.sectors[i] += count * SECTORS_PER_IO
+            disk.ns[i] += count * per_io_ns
+        flushes = (n - reads) // 64
+        disk.flushes += flushes
+        disk.flush_ns += flushes * per_io_ns
+        disk.busy_ns += min(round(dt * 1e9), n * per_io_ns)
+        disk.in_flight = rng.randint(0, 4)
+
+    def _latency_us(self, device: str) -> float:
+        fault = self._latency.get(device) or self._latency.get(None)
+        return fault.latency_us if fault else BASELINE_US
+
+    def apply(self, fault: str) -> None:
+        """Apply one fault in ``coordinatorctl inject`` form; ValueError says what is wrong."""
+        parsed = parse_fault(fault)
+        if isinstance(parsed, NvmeLatencyFault):
+            if parsed.device is None:
+                self._latency = {None: parsed}
+            elif parsed.device in self._disks:
+                self._latency[parsed.device] = parsed
+            else:
+                have = ", ".join(self._disks)
+                raise ValueError(f"{self.node} has no device {parsed.device} (it has {have})")
+        elif isinstance(parsed, NvmeReadonlyFault):
+            self._readonly = parsed if parsed.readonly else None
+            self._set_readonly(parsed.readonly)
+        elif isinstance(parsed, ClearFault):
+            self._latency = {}
+            self._readonly = None
+            self._set_readonly(False)
+        else:
+            name = fault.strip().partition("=")[0]
+            raise ValueError(f"fault {name} is not simulated yet")
+
+    def _set_readonly(self, readonly: bool) -> None:
+        for disk in self._disks.values():
+            disk.readonly = readonly
+            _write(disk.dir / "ro", "1\n" if readonly else "0\n")
+
+    def faults(self) -> list[str]:
+        """The active faults in their canonical inject form."""
+        active = [str(f) for f in self._latency.values()]
+        return active + ([str(self._readonly)] if self._readonly else [])
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="ascii")
+    tmp.replace(path)
