@@ -154,7 +154,9 @@ def _parse_valued(name: str, value: str) -> Fault:
         return ClockOffsetFault(offset_ms=_number(value))
     if name == "spot-notice":
         return SpotNoticeFault(deadline_s=_number(value, low=0.0))
-    number, _, target = value.partition("@")
+    number, at, target = value.partition("@")
+    if at and not target:
+        raise _Bad("nothing after '@'")
     if name == "nvme-latency":
         if target and not DEVICE.fullmatch(target):
             raise _Bad(f"{target!r} is not an NVMe namespace like nvme0n1")
