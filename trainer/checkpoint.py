@@ -1,0 +1,190 @@
+"""Two-stage checkpoints: the loop blocks only to stage state in RAM; a background thread
+makes it durable.
+
+Stage: each rank ``torch.save``\\ s its state (model, optimizer, step, RNG) into the staging
+dir (``/dev/shm`` by default), a private copy the next optimizer step cannot touch.
+
+Persist, in one background thread per rank: copy the staged shard into
+``<dir>/step-<N>/rank-<r>.pt`` (hashed while copying, fsynced), then gather every rank's
+(sha256, size) over a dedicated gloo group; rank 0 writes the manifest and moves
+``latest`` (:func:`trainer.durable.commit`) only if every rank succeeded, prunes old
+checkpoints and reports the checkpoint. A separate process group keeps these collectives
+from interleaving with the training loop's. One persist at a time: staging the next waits
+for the previous, and that wait counts as stall.
+
+Resume: every rank checks the candidates (``latest`` first, then older) against the
+manifest, and the ranks agree (all-reduce MIN) on the newest one valid for all of them, so
+a partial or corrupt checkpoint is never loaded and no two ranks load different steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer import durable
+
+OnDurable = Callable[[int, Path, float], None]
+
+
+def default_staging_dir(job_id: str, workdir: Path) -> Path:
+    """A per-job dir in ``/dev/shm`` when that is writable (RAM), else under the workdir."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / f"ringmaster-{safe}"
+    return workdir / ".staging"
+
+
+@dataclass
+class Coordination:
+    """How the ranks of a checkpoint talk: a gloo group, or nothing for one process."""
+
+    rank: int = 0
+    world_size: int = 1
+    group: dist.ProcessGroup | None = None
+
+    def all_gather(self, item: Any) -> list[Any]:
+        if self.world_size == 1:
+            return [item]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, item, group=self.group)
+        return out
+
+    def broadcast(self, item: Any) -> Any:
+        if self.world_size == 1:
+            return item
+        box = [item]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def all_true(self, flag: bool) -> bool:
+        if self.world_size == 1:
+            return flag
+        value = torch.tensor([int(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(value.item())
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        root: Path,
+        staging: Path,
+        coord: Coordination,
+        *,
+        keep: int,
+        engine: str,
+        on_durable: OnDurable | None = None,
+        persist_delay_s: float = 0.0,
+    ) -> None:
+        self.root = root
+        self.coord = coord
+        self.keep = keep
+        self.engine = engine
+        self.on_durable = on_durable
+        self.persist_delay_s = persist_delay_s  # test hook: widens the window for a kill
+        self.shard = durable.shard_name(coord.rank)
+        self.staged = staging / self.shard
+        self.last_step: int | None = None  # newest step staged (or resumed from)
+        self.last_stall_s = 0.0
+        self.durable_step: int | None = None  # newest step this rank knows is committed
+        self._thread: threading.Thread | None = None
+        root.mkdir(parents=True, exist_ok=True)
+        staging.mkdir(parents=True, exist_ok=True)
+
+    def save(self, step: int, state: dict[str, Any]) -> float:
+        """Stage ``state`` as step ``step`` and start persisting it; returns the seconds the
+        caller was blocked. Saving the step already staged just waits for it to be durable
+        and reports it again (an on-demand checkpoint right after a periodic one)."""
+        start = time.monotonic()
+        self.wait()
+        if step == self.last_step:
+            stall = time.monotonic() - start
+            self._announce(step, stall)
+            return stall
+        torch.save(state, self.staged)
+        stall = time.monotonic() - start
+        self.last_step, self.last_stall_s = step, stall
+        self._thread = threading.Thread(
+            target=self._persist, args=(step, stall), name=f"persist-{step}", daemon=True
+        )
+        self._thread.start()
+        return stall
+
+    def wait(self) -> None:
+        """Block until the persist in flight (if any) has finished."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def close(self) -> None:
+        """Wait for the last persist, then drop this rank's staged copy."""
+        self.wait()
+        with contextlib.suppress(OSError):
+            self.staged.unlink()
+        with contextlib.suppress(OSError):
+            self.staged.parent.rmdir()  # only once every rank on the node has left
+
+    def _persist(self, step: int, stall: float) -> None:
+        step_dir = self.root / durable.step_dir_name(step)
+        entry: durable.FileEntry | None = None
+        try:
+            step_dir.mkdir(parents=True, exist_ok=True)
+            entry = durable.copy_and_hash(self.staged, step_dir / self.shard)
+        except OSError as exc:
+            print(f"trainer: persist of step {step} failed: {exc}", file=sys.stderr, flush=True)
+        if self.persist_delay_s:
+            time.sleep(self.persist_delay_s)
+        entries = self.coord.all_gather((self.shard, entry))
+        if any(e is None for _, e in entries):
+            return  # some rank failed: leave the dir unsealed, ``latest`` where it was
+        if self.coord.rank == 0:
+            try:
+                durable.commit(self.root, step, self.coord.world_size, self.engine, dict(entries))
+                durable.prune(self.root, self.keep)
+            except OSError as exc:
+                print(f"trainer: commit of step {step} failed: {exc}", file=sys.stderr, flush=True)
+                return
+        self.durable_step = step
+        self._announce(step, stall)
+
+    def _announce(self, step: int, stall: float) -> None:
+        if self.on_durable is not None and self.coord.rank == 0 and self.durable_step == step:
+            self.on_durable(step, self.root / durable.step_dir_name(step), stall)
+
+
+ShardChooser = Callable[[durable.Manifest], str | None]
+
+
+def find_resumable(root: Path, coord: Coordination, choose: ShardChooser) -> Path | None:
+    """The shard this rank resumes from: in the newest step dir whose manifest holds, for
+    every rank, the shard ``choose`` names for it (its own, or a replica) and that shard
+    verifies. None: no usable checkpoint, start fresh."""
+    names: list[str] = coord.broadcast(durable.candidates(root) if coord.rank == 0 else None)
+    for name in names:
+        step_dir = root / name
+        manifest = durable.read_manifest(step_dir)
+        shard, ok = None, False
+        if manifest is not None and manifest.step == durable.parse_step(name):
+            shard = choose(manifest)
+            ok = shard is not None and durable.verify(step_dir, manifest, shard)
+        if coord.all_true(ok) and shard is not None:
+            return step_dir / shard
+    return None
+
+
+def load_shard(path: Path) -> dict[str, Any]:
+    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return state

@@ -1,0 +1,97 @@
+"""Step-boundary control: every rank acts on the same control word at the same step.
+
+Only rank 0 hears the agent. At each step boundary it folds the words that arrived since
+the last boundary into one :class:`Decision` and broadcasts it as a 3-int tensor, so all
+ranks pause, checkpoint or stop at the same step and none is left inside a collective the
+others never enter.
+
+While paused, rank 0 waits up to :data:`PAUSE_POLL_S` for a word and every rank joins a
+broadcast at that cadence. No rank ever sits in a collective for longer than that (well
+inside any process-group timeout), and a resume, checkpoint or stop takes effect within
+one poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import queue
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from proto.progress import ControlWord
+from trainer.agent_link import AgentLink
+
+PAUSE_POLL_S = 0.2
+
+
+class Action(enum.IntEnum):
+    NONE = 0
+    PAUSE = 1
+    RESUME = 2
+    STOP = 3
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action = Action.NONE
+    checkpoint: bool = False
+    seq: int = 0  # seq of the newest word folded in (for logs)
+
+
+NOTHING = Decision()
+_ACTIONS = {"pause": Action.PAUSE, "resume": Action.RESUME, "stop": Action.STOP}
+
+
+def fold(words: Sequence[ControlWord]) -> Decision:
+    """One decision from the words pending at a boundary, oldest first.
+
+    The newest pause/resume wins, a stop wins over both (it is final), and a checkpoint
+    request is kept alongside whichever of them wins rather than being overwritten.
+    """
+    action = Action.NONE
+    for word in words:
+        if word.action in _ACTIONS and action != Action.STOP:
+            action = _ACTIONS[word.action]
+    checkpoint = any(w.action == "checkpoint" for w in words)
+    return Decision(action, checkpoint, words[-1].seq if words else 0)
+
+
+class StepControl:
+    """The per-boundary exchange. ``enabled=False`` skips the broadcast entirely: only the
+    benchmark uses it, to measure what the broadcast costs."""
+
+    def __init__(
+        self, rank: int, device: torch.device, link: AgentLink | None, *, enabled: bool = True
+    ) -> None:
+        self.rank = rank
+        self.device = device
+        self.link = link
+        self.enabled = enabled
+
+    def exchange(self, wait_s: float = 0.0) -> Decision:
+        """The decision for this boundary, identical on every rank. Rank 0 waits up to
+        ``wait_s`` for a word when none is pending (the paused cadence)."""
+        if not self.enabled:
+            return NOTHING
+        word = torch.zeros(3, dtype=torch.int64, device=self.device)
+        if self.rank == 0:
+            decision = fold(self._pending(wait_s))
+            word[0], word[1], word[2] = decision.action, int(decision.checkpoint), decision.seq
+        dist.broadcast(word, src=0)
+        action, checkpoint, seq = word.tolist()
+        return Decision(Action(action), bool(checkpoint), seq)
+
+    def _pending(self, wait_s: float) -> list[ControlWord]:
+        if self.link is None:  # nothing can arrive; keep the cadence anyway
+            time.sleep(wait_s)
+            return []
+        words = self.link.drain()
+        if not words and wait_s:
+            with contextlib.suppress(queue.Empty):
+                words = [self.link.controls.get(timeout=wait_s), *self.link.drain()]
+        return words

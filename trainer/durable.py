@@ -1,0 +1,187 @@
+"""The durable checkpoint layout, and the rules that make a checkpoint trustworthy.
+
+::
+
+    <checkpoint.dir>/
+        step-<N>/rank-<r>.pt   one shard per rank, fsynced
+        step-<N>/manifest.json sha256 and size of every shard, written last
+        latest                 the name of the newest complete step dir, replaced atomically
+
+A step dir counts only once its manifest exists and every shard matches it, so a crash at
+any moment leaves at worst an incomplete dir that resume skips. Plain filesystem code with
+no torch, so the coordinator or an operator's script can check checkpoints the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import msgspec
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+_CHUNK = 8 << 20
+
+
+class FileEntry(msgspec.Struct, frozen=True):
+    sha256: str
+    size: int
+
+
+class Manifest(msgspec.Struct, kw_only=True):
+    step: int
+    world_size: int
+    engine: str
+    created: float
+    files: dict[str, FileEntry]
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step}"
+
+
+def parse_step(name: str) -> int | None:
+    prefix, _, number = name.partition("-")
+    return int(number) if prefix == "step" and number.isdigit() else None
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank}.pt"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a fsynced temporary and a rename, then fsync the dir."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    fsync_dir(path.parent)
+
+
+def copy_and_hash(src: Path, dst: Path) -> FileEntry:
+    """Copy ``src`` to ``dst`` (fsynced, via a temporary name), hashing while copying."""
+    digest = hashlib.sha256()
+    size = 0
+    tmp = dst.with_name(dst.name + ".tmp")
+    with src.open("rb") as fin, tmp.open("wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            digest.update(chunk)
+            fout.write(chunk)
+            size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    tmp.replace(dst)
+    return FileEntry(sha256=digest.hexdigest(), size=size)
+
+
+def hash_file(path: Path) -> FileEntry:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return FileEntry(sha256=digest.hexdigest(), size=size)
+
+
+def commit(
+    root: Path, step: int, world_size: int, engine: str, files: dict[str, FileEntry]
+) -> Path:
+    """Seal ``step-<step>``: write its manifest, then point ``latest`` at it."""
+    step_dir = root / step_dir_name(step)
+    fsync_dir(step_dir)  # the shards' directory entries, before the manifest vouches for them
+    manifest = Manifest(
+        step=step, world_size=world_size, engine=engine, created=time.time(), files=files
+    )
+    _write_atomic(step_dir / MANIFEST, msgspec.json.encode(manifest))
+    _write_atomic(root / LATEST, step_dir.name.encode())
+    return step_dir
+
+
+def read_manifest(step_dir: Path) -> Manifest | None:
+    try:
+        return msgspec.json.decode((step_dir / MANIFEST).read_bytes(), type=Manifest)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def verify(step_dir: Path, manifest: Manifest, name: str) -> bool:
+    """Whether shard ``name`` is listed in ``manifest`` and matches its size and sha256."""
+    expected = manifest.files.get(name)
+    path = step_dir / name
+    try:
+        if expected is None or path.stat().st_size != expected.size:
+            return False
+        return hash_file(path) == expected
+    except OSError:
+        return False
+
+
+def read_latest(root: Path) -> str | None:
+    try:
+        name = (root / LATEST).read_text().strip()
+    except OSError:
+        return None
+    return name if parse_step(name) is not None else None
+
+
+def _step_dirs(root: Path) -> list[tuple[int, str]]:
+    """(step, name) of every step dir under ``root``, newest first."""
+    try:
+        names = [p.name for p in root.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+    found = [(step, name) for name in names if (step := parse_step(name)) is not None]
+    return sorted(found, reverse=True)
+
+
+def candidates(root: Path) -> list[str]:
+    """Step dirs to try on resume, in order: the one ``latest`` names, then older ones.
+
+    Dirs newer than ``latest`` are ignored: ``latest`` only moves after a manifest is
+    written, so anything newer is a persist that never finished. Without a readable
+    ``latest`` every dir is a candidate, newest first (each is still verified).
+    """
+    latest = read_latest(root)
+    dirs = _step_dirs(root)
+    if latest is None:
+        return [name for _, name in dirs]
+    latest_step = parse_step(latest)
+    assert latest_step is not None
+    return [latest] + [name for step, name in dirs if step < latest_step]
+
+
+def prune(root: Path, keep: int) -> list[str]:
+    """Delete step dirs older than the ``keep`` newest complete ones; returns their names."""
+    latest = read_latest(root)
+    latest_step = parse_step(latest) if latest else None
+    if latest_step is None:
+        return []
+    complete = [
+        step
+        for step, name in _step_dirs(root)
+        if step <= latest_step and read_manifest(root / name) is not None
+    ]
+    if len(complete) <= keep:
+        return []
+    oldest_kept = complete[keep - 1]
+    removed = [name for step, name in _step_dirs(root) if step < oldest_kept]
+    for name in removed:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(root / name)
+    return removed

@@ -1,0 +1,93 @@
+"""Training engines: what turns a batch into an optimizer step, and what a rank's
+checkpoint shard holds.
+
+The worker loop only sees the :class:`Engine` protocol, so DeepSpeed (ZeRO) slots in next to
+plain DDP: it differs in how gradients are reduced, where optimizer state lives and which
+shard a rank needs on resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from proto.job import TrainSection
+from trainer import durable
+from trainer.model import lm_loss
+from trainer.precision import Precision, autocast_context
+
+
+class Engine(Protocol):
+    name: str
+    module: nn.Module  # the unwrapped model
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        """One optimizer step; returns the loss averaged over all ranks."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def shard_for(self, manifest: durable.Manifest) -> str | None:
+        """Which shard of a checkpoint this rank loads; None if it cannot use it."""
+        ...
+
+
+class DDPEngine:
+    """DistributedDataParallel + AdamW, gradients clipped by global norm.
+
+    Parameters and optimizer state are replicated, so each rank's shard is a full copy: a
+    job resumed with a different world size loads rank 0's.
+    """
+
+    name = "ddp"
+
+    def __init__(
+        self,
+        module: nn.Module,
+        train: TrainSection,
+        precision: Precision,
+        device: torch.device,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        self.module = module.to(device)
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.grad_clip = train.grad_clip
+        self.ddp = DistributedDataParallel(
+            self.module, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=train.lr)
+        self.autocast = autocast_context(precision, device)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            logits = self.ddp(inputs.to(self.device))
+        loss = lm_loss(logits, targets.to(self.device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        self.optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+        return mean.item() / self.world_size
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def shard_for(self, manifest: durable.Manifest) -> str | None:
+        if manifest.engine != self.name:
+            return None
+        own = durable.shard_name(self.rank)
+        return own if manifest.world_size == self.world_size else durable.shard_name(0)

@@ -1,0 +1,99 @@
+"""A minimal real node agent for tests: the same socket protocol as
+``nodeagent.control_channel``, in a thread, with ways to wait for what rank 0 sends.
+
+It listens on a Unix socket, records every progress message from every connection, and can
+send control words to the current connection or drop it (to play an agent restart).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from proto.codec import progress_decoder
+from proto.progress import ControlWord, Progress
+
+Action = Literal["pause", "resume", "checkpoint", "stop"]
+
+
+class FakeAgent:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.messages: list[Progress] = []
+        self._cond = threading.Condition()
+        self._conn: socket.socket | None = None
+        self._seq = 0
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self._server.bind(str(path))
+        self._server.listen()
+        threading.Thread(target=self._accept, name="fake-agent", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # server closed
+            with self._cond:
+                self._conn = conn
+                self._cond.notify_all()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as lines, contextlib.suppress(OSError):
+            for line in lines:
+                try:
+                    message = progress_decoder.decode(line)
+                except msgspec.DecodeError:
+                    continue  # a torn last line from a dropped connection
+                with self._cond:
+                    self.messages.append(message)
+                    self._cond.notify_all()
+
+    def send(self, action: Action) -> None:
+        """Send a control word to the connected rank 0 (waits up to 30 s for it to connect)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._conn is not None, 30):
+                raise TimeoutError("rank 0 never connected")
+            self._seq += 1
+            assert self._conn is not None
+            self._conn.sendall(
+                msgspec.json.encode(ControlWord(action=action, seq=self._seq)) + b"\n"
+            )
+
+    def wait_for(self, predicate: Callable[[Progress], bool], timeout: float = 60.0) -> Progress:
+        """The first message (already received or arriving within ``timeout``) matching."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for message in self.messages:
+                    if predicate(message):
+                        return message
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no matching message; got {self.messages[-5:]}")
+                self._cond.wait(left)
+
+    def drop_connection(self) -> None:
+        """Close the current connection, as an agent restart would."""
+        with self._cond:
+            if self._conn is not None:
+                with contextlib.suppress(OSError):
+                    self._conn.shutdown(socket.SHUT_RDWR)
+                self._conn.close()
+                self._conn = None
+
+    def close(self) -> None:
+        self.drop_connection()
+        self._server.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()

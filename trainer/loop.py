@@ -1,0 +1,172 @@
+"""The training loop: steps, step-boundary control, checkpoints and progress reports.
+
+``step`` counts completed optimizer steps and is global: a resumed job continues from the
+checkpoint's step to the same ``train.steps``, and the data for each step is a pure
+function of it (:mod:`trainer.data`), so a resumed run trains on exactly the samples an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from proto.job import JobSpec
+from proto.progress import Checkpointed, Paused, Progress, Resumed, StepDone
+from trainer.agent_link import AgentLink
+from trainer.checkpoint import Checkpointer, find_resumable, load_shard
+from trainer.control import PAUSE_POLL_S, Action, StepControl
+from trainer.data import Batches
+from trainer.engine import Engine
+from trainer.log import Log
+
+Outcome = Literal["completed", "stopped"]
+COMPLETED: Outcome = "completed"
+STOPPED: Outcome = "stopped"
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Test and benchmark hooks (environment variables, see :mod:`trainer.worker`)."""
+
+    persist_delay_s: float = 0.0
+    trace_dir: Path | None = None  # per-rank JSON lines: step, sample ids, loss
+    control_broadcast: bool = True
+
+
+class Trainer:
+    def __init__(
+        self,
+        spec: JobSpec,
+        engine: Engine,
+        batches: Batches,
+        checkpointer: Checkpointer,
+        control: StepControl,
+        link: AgentLink | None,
+        log: Log,
+        hooks: Hooks,
+    ) -> None:
+        self.spec = spec
+        self.engine = engine
+        self.batches = batches
+        self.checkpointer = checkpointer
+        self.control = control
+        self.link = link
+        self.log = log
+        self.hooks = hooks
+        self.step = 0
+        self.target = spec.train.steps
+        self.rank = batches.rank
+        self.tokens_per_step = (
+            spec.train.micro_batch_size * spec.train.seq_len * batches.layout.world_size
+        )
+        checkpointer.on_durable = self._durable
+
+    def resume(self) -> None:
+        """Load the newest checkpoint every rank can verify, if there is one."""
+        coord = self.checkpointer.coord
+        shard = find_resumable(self.checkpointer.root, coord, self.engine.shard_for)
+        if shard is None:
+            self.log("fresh_start")
+            return
+        state = load_shard(shard)
+        self.engine.load_state_dict(state["engine"])
+        torch.set_rng_state(state["rng"]["cpu"])
+        if torch.cuda.is_available() and "cuda" in state["rng"]:
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step = state["step"]
+        self.checkpointer.last_step = self.checkpointer.durable_step = self.step
+        self.log("resumed_from", step=self.step, path=shard.parent)
+
+    def run(self) -> Outcome:
+        """Train to the target step or until stopped; the outcome, once its final
+        checkpoint is durable."""
+        self.log("start", step=self.step, target=self.target)
+        outcome: Outcome = COMPLETED
+        while True:
+            if self._boundary() == STOPPED:
+                outcome = STOPPED
+                break
+            if self.step >= self.target:
+                break
+            self._train_step()
+            if self.step % self.spec.checkpoint.every_steps == 0:
+                self._checkpoint()
+        if self.checkpointer.last_step != self.step:
+            self._checkpoint()
+        self.checkpointer.wait()
+        self.log("finished", step=self.step, outcome=outcome)
+        return outcome
+
+    def _boundary(self) -> Outcome | None:
+        """Act on this boundary's control decision; while paused, keep polling for the
+        next one. Returns STOPPED when the job must stop here."""
+        decision = self.control.exchange()
+        paused = False
+        while True:
+            if decision.checkpoint or decision.action == Action.STOP:
+                self._checkpoint()
+            if decision.action == Action.STOP:
+                return STOPPED
+            if decision.action == Action.PAUSE and not paused:
+                paused = True
+                self.log("paused", step=self.step, seq=decision.seq)
+                self._send(Paused(step=self.step))
+            elif decision.action == Action.RESUME and paused:
+                self.log("resumed", step=self.step, seq=decision.seq)
+                self._send(Resumed(step=self.step))
+                return None
+            if not paused:
+                return None
+            decision = self.control.exchange(wait_s=PAUSE_POLL_S)
+
+    def _train_step(self) -> None:
+        start = time.perf_counter()
+        inputs, targets = self.batches.batch(self.step)
+        loss = self.engine.step(inputs, targets)
+        elapsed = time.perf_counter() - start
+        if self.hooks.trace_dir is not None:
+            self._trace(loss)
+        self.step += 1
+        tokens_per_s = self.tokens_per_step / elapsed
+        if self.step % self.spec.train.log_every == 0 or self.step == self.target:
+            self.log("step", step=self.step, loss=loss, step_s=elapsed, tok_s=round(tokens_per_s))
+        self._send(
+            StepDone(
+                step=self.step,
+                loss=loss,
+                step_time_s=elapsed,
+                tokens_per_s=tokens_per_s,
+                target_steps=self.target,
+            )
+        )
+
+    def _checkpoint(self) -> None:
+        stall = self.checkpointer.save(self.step, self._state())
+        self.log("checkpoint_staged", step=self.step, stall_s=stall)
+
+    def _state(self) -> dict[str, Any]:
+        rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {"engine": self.engine.state_dict(), "step": self.step, "rng": rng}
+
+    def _durable(self, step: int, path: Path, stall_s: float) -> None:
+        """Called (rank 0, persist thread) once step ``step`` is committed."""
+        self.log("checkpoint_durable", step=step, path=path)
+        self._send(Checkpointed(step=step, path=str(path), stall_s=stall_s))
+
+    def _send(self, message: Progress) -> None:
+        if self.link is not None:
+            self.link.send(message)
+
+    def _trace(self, loss: float) -> None:
+        assert self.hooks.trace_dir is not None
+        record = {"step": self.step, "ids": self.batches.ids(self.step), "loss": loss}
+        with (self.hooks.trace_dir / f"trace-rank-{self.rank}.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")

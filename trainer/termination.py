@@ -1,0 +1,48 @@
+"""SIGTERM handling: leave quickly, with a non-zero status, whatever the rank is doing.
+
+The agent stops ranks with SIGTERM, then SIGKILL. A half-finished step is worth nothing
+(resume restarts from the last durable checkpoint, and an in-flight persist is harmless
+because ``latest`` moves only after its manifest), so nothing is flushed or saved: the
+Python handler exits at once. Python runs handlers only between bytecodes of the main
+thread, and a rank can be stuck in a C++ collective waiting for a peer that is already
+gone; so a watchdog thread, woken through ``signal.set_wakeup_fd``, ends the process
+after :data:`GRACE_S` if the handler has not run by then.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+
+EXIT_STATUS = 128 + signal.SIGTERM
+GRACE_S = 3.0
+_wakeup: list[socket.socket] = []  # keeps the socketpair (and its fds) alive
+
+
+def _exit_now(signum: int, frame: FrameType | None) -> None:
+    print("trainer: SIGTERM, exiting", file=sys.stderr, flush=True)
+    os._exit(EXIT_STATUS)  # no cleanup: peers may be gone and collectives would hang
+
+
+def _watchdog(wakeup: socket.socket) -> None:
+    while True:
+        data = wakeup.recv(64)
+        if not data or signal.SIGTERM in data:
+            break
+    time.sleep(GRACE_S)
+    os._exit(EXIT_STATUS)
+
+
+def install() -> None:
+    """Make SIGTERM end this process within :data:`GRACE_S` (main thread only)."""
+    reader, writer = socket.socketpair()
+    _wakeup.extend((reader, writer))
+    writer.setblocking(False)
+    signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, _exit_now)
+    threading.Thread(target=_watchdog, args=(reader,), name="sigterm-watchdog", daemon=True).start()

@@ -1,0 +1,161 @@
+"""``python -m trainer.worker``: one training rank.
+
+Launch contract (see :mod:`trainer.launch`): torchrun's environment, plus
+``RINGMASTER_JOB_SPEC`` (or ``--config JOB.toml``), ``RINGMASTER_JOB_ID``,
+``RINGMASTER_WORKDIR`` and ``RINGMASTER_CONTROL_SOCKET``. Exit status: 0 when the job
+completed or was stopped (its final checkpoint durable), 2 for a bad spec (one line on
+stderr, before joining the process group), 143 on SIGTERM, 1 on any other failure.
+
+Hooks for tests and benchmarks only: ``RINGMASTER_TEST_PERSIST_DELAY_S`` (seconds each
+persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_TRACE``
+(a directory for per-rank step traces with sample ids) and ``RINGMASTER_BENCH_NO_CONTROL=1``
+(skip the step-boundary broadcast, to measure its cost).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from proto.progress import Finished
+from trainer import termination
+from trainer.agent_link import AgentLink
+from trainer.checkpoint import Checkpointer, Coordination, default_staging_dir
+from trainer.control import StepControl
+from trainer.data import SYNTHETIC, Batches, Layout
+from trainer.engine import DDPEngine, Engine
+from trainer.launch import Launch, SpecError, read_launch, torch_threads
+from trainer.log import Log
+from trainer.loop import Hooks, Outcome, Trainer
+from trainer.model import GPT, count_params
+from trainer.precision import apply_precision, count_float8_linears
+from trainer.presets import ModelConfig, get_preset
+
+# Explicit, and long: a rank legitimately waits in a collective while a peer stages a
+# large checkpoint. Pauses never hold a collective open (see trainer.control).
+PG_TIMEOUT = timedelta(minutes=30)
+
+
+def _model_config(launch: Launch) -> ModelConfig:
+    train = launch.spec.train
+    cfg = get_preset(train.model)
+    if train.seq_len > cfg.max_seq_len:
+        raise SpecError(
+            f"train.seq_len={train.seq_len} exceeds {train.model!r}'s max of {cfg.max_seq_len}"
+        )
+    if train.engine != "ddp":
+        raise SpecError(f"train.engine={train.engine!r} is not available (expected 'ddp')")
+    return cfg
+
+
+def _batches(launch: Launch, cfg: ModelConfig) -> Batches:
+    train = launch.spec.train
+    source = train.data if train.data == SYNTHETIC else str(launch.resolve(train.data))
+    try:
+        return Batches(
+            source,
+            seq_len=train.seq_len,
+            vocab_size=cfg.vocab_size,
+            seed=train.seed,
+            layout=Layout(train.micro_batch_size, launch.world_size),
+            rank=launch.rank,
+        )
+    except OSError as exc:
+        raise SpecError(f"train.data={train.data!r}: {exc.strerror}") from None
+
+
+def _hooks(env: Mapping[str, str]) -> Hooks:
+    trace = env.get("RINGMASTER_TEST_TRACE")
+    return Hooks(
+        persist_delay_s=float(env.get("RINGMASTER_TEST_PERSIST_DELAY_S", "0")),
+        trace_dir=Path(trace) if trace else None,
+        control_broadcast=env.get("RINGMASTER_BENCH_NO_CONTROL") != "1",
+    )
+
+
+def _init_process_group(launch: Launch, device: torch.device) -> Coordination:
+    """Join the job's process group (env://, as torchrun sets it up) and create the gloo
+    group checkpoints coordinate over."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if launch.world_size == 1 and launch.master_port == 0:
+        # A lone process without a rendezvous (a quick local run): an in-memory store.
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=PG_TIMEOUT
+        )
+    else:
+        dist.init_process_group(backend, init_method="env://", timeout=PG_TIMEOUT)
+    group = dist.new_group(backend="gloo", timeout=PG_TIMEOUT)
+    return Coordination(launch.rank, launch.world_size, group)
+
+
+def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: Log) -> Outcome:
+    train = launch.spec.train
+    device = torch.device(f"cuda:{launch.local_rank}" if torch.cuda.is_available() else "cpu")
+    coord = _init_process_group(launch, device)
+    link = None
+    if launch.rank == 0 and launch.control_socket is not None:
+        link = AgentLink(launch.control_socket, launch.job_id).start()
+    try:
+        torch.manual_seed(train.seed)  # identical initial weights on every rank
+        model = apply_precision(GPT(cfg), train.precision, device)
+        engine: Engine = DDPEngine(
+            model, train, train.precision, device, launch.rank, launch.world_size
+        )
+        log(
+            "model",
+            preset=train.model,
+            params=count_params(model),
+            precision=train.precision,
+            float8_linears=count_float8_linears(model),
+            world=launch.world_size,
+            threads=torch.get_num_threads(),
+        )
+        ckpt = launch.spec.checkpoint
+        staging = launch.resolve(ckpt.staging_dir) if ckpt.staging_dir else None
+        checkpointer = Checkpointer(
+            launch.resolve(ckpt.dir),
+            staging or default_staging_dir(launch.job_id, launch.workdir),
+            coord,
+            keep=ckpt.keep,
+            engine=engine.name,
+            persist_delay_s=hooks.persist_delay_s,
+        )
+        control = StepControl(launch.rank, device, link, enabled=hooks.control_broadcast)
+        trainer = Trainer(launch.spec, engine, batches, checkpointer, control, link, log, hooks)
+        trainer.resume()
+        outcome = trainer.run()
+        checkpointer.close()
+        if link is not None:
+            link.send(Finished(step=trainer.step, outcome=outcome))
+        return outcome
+    finally:
+        if link is not None:
+            link.close()
+        dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    env = os.environ
+    try:
+        launch = read_launch(env, sys.argv[1:] if argv is None else argv)
+        cfg = _model_config(launch)
+        batches = _batches(launch, cfg)
+        hooks = _hooks(env)
+    except (SpecError, ValueError) as exc:
+        print(f"trainer: {exc}", file=sys.stderr)
+        return 2
+    termination.install()
+    torch.set_num_threads(torch_threads(env, launch.local_world_size))
+    log = Log(launch.rank)
+    run(launch, cfg, batches, hooks, log)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
