@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import msgspec
 
+from proto.job import JobSpec
+
 
 class CommandBase(msgspec.Struct, tag_field="command", kw_only=True):
-    epoch: int
+    epoch: int = 0  # stamped by the coordinator's commander just before sending
     issued_by: str = ""
     job: str = ""
 
@@ -26,7 +28,8 @@ class Launch(CommandBase, tag="launch"):
     """Start this node's ranks of a job. ``env`` is torchrun's contract plus the job's."""
 
     ranks: list[RankSpec]
-    argv: list[str]
+    spec: JobSpec
+    argv: list[str] = msgspec.field(default_factory=list)  # empty: the built-in trainer
     env: dict[str, str] = msgspec.field(default_factory=dict)
     workdir: str = ""
     attempt: int = 0

@@ -8,6 +8,7 @@ fields are ignored on decode (wire structs tolerate additions).
 from __future__ import annotations
 
 import enum
+import typing
 from datetime import UTC, datetime
 
 import msgspec
@@ -143,6 +144,7 @@ class SpotNotice(EventBase, tag="spot.notice"):
 
 class WorkerExited(EventBase, tag="worker.exited"):
     rank: int = 0
+    attempt: int = 0
     pid: int = 0
     exit_code: int | None = None
     signal: int | None = None
@@ -248,8 +250,8 @@ Event = (
     | CommandRefused
 )
 
-EVENT_TYPES: tuple[type[EventBase], ...] = Event.__args__  # type: ignore[attr-defined]
-EVENT_KINDS: frozenset[str] = frozenset(t.__struct_config__.tag for t in EVENT_TYPES)  # type: ignore[misc]
+EVENT_TYPES: tuple[type[EventBase], ...] = typing.get_args(Event)
+EVENT_KINDS: frozenset[str] = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
 
 
 def kind_of(event: EventBase) -> str:

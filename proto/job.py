@@ -123,10 +123,14 @@ class JobRecord(msgspec.Struct, kw_only=True):
     reason: str = ""
     pause_reasons: list[str] = msgspec.field(default_factory=list)
     attempt: int = 0
+    stopping: bool = False
+    finished: str = ""  # rank 0's own word on how training ended: completed | stopped
+    excluded: list[str] = msgspec.field(default_factory=list)
     exited_ranks: dict[str, int] = msgspec.field(default_factory=dict)
     submitted_at: float = 0.0
     started_at: float | None = None
     first_step_at: float | None = None
     finished_at: float | None = None
     updated_at: float = 0.0
+    accounted_at: float = 0.0
     goodput: dict[str, float] = msgspec.field(default_factory=dict)

@@ -45,6 +45,7 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     addr: str = ""
     hostname: str = ""
     gpus: int = 0
+    cpus: int = 0  # cores ranks may be pinned to; 0 = no pinning (simulated nodes share a host)
     simulated: bool = False
     interval_s: float = 1.0
     preflight_ok: bool = True
@@ -52,3 +53,29 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
     collectors: list[CollectorStatus] = msgspec.field(default_factory=list)
     jobs: list[str] = msgspec.field(default_factory=list)
+
+
+class NodeRecord(msgspec.Struct, kw_only=True):
+    """A node as the leading coordinator sees it (KV; ``status`` reads it)."""
+
+    id: str
+    state: NodeState
+    addr: str = ""
+    hostname: str = ""
+    gpus: int = 0
+    simulated: bool = False
+    last_seen: float = 0.0
+    telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
+    faults: dict[str, str] = msgspec.field(default_factory=dict)
+    jobs: list[str] = msgspec.field(default_factory=list)
+    drain_reason: str = ""
+    preflight_ok: bool = True
+    topology_ok: bool = True
+
+
+class CoordinatorRecord(msgspec.Struct, kw_only=True):
+    id: str
+    role: str
+    epoch: int = 0
+    pid: int = 0
+    updated_at: float = 0.0

@@ -71,3 +71,7 @@ def events_stream(cluster: str) -> str:
 
 def bucket(cluster: str, what: str) -> str:
     return f"ringmaster_{cluster}_{what}".replace("-", "_")
+
+
+def progress_stream(cluster: str) -> str:
+    return f"RINGMASTER_{cluster.upper().replace('-', '_')}_PROGRESS"

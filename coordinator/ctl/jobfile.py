@@ -1,0 +1,98 @@
+"""Reading a job file: TOML → ``--set`` overrides → :class:`proto.job.JobSpec`, with every
+error one line that names the key, the value and what was expected."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from proto.job import JobSpec
+
+
+class JobFileError(ValueError):
+    pass
+
+
+def load_job(path: Path, overrides: list[str]) -> JobSpec:
+    try:
+        raw = msgspec.toml.decode(path.read_bytes())
+    except FileNotFoundError:
+        raise JobFileError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise JobFileError(f"{path}: is a directory, not a job file") from None
+    except PermissionError:
+        raise JobFileError(f"{path}: permission denied") from None
+    except msgspec.DecodeError as exc:
+        raise JobFileError(f"{path}: not valid TOML: {exc}") from None
+    for item in overrides:
+        apply_override(raw, item)
+    return to_spec(raw, str(path))
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """``a.b=value``: the value is read as a TOML value (``300``, ``true``, ``"x"``) and,
+    if that fails, as a bare string, so ``--set train.data=/data/x.bin`` works."""
+    key, sep, text = item.partition("=")
+    if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
+        raise JobFileError(f"--set {item!r}: expected key.path=value, e.g. train.steps=300")
+    try:
+        value = msgspec.toml.decode(f"v = {text}".encode())["v"]
+    except msgspec.DecodeError:
+        value = text
+    *parents, leaf = key.split(".")
+    node = raw
+    for i, part in enumerate(parents):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(parents[: i + 1])
+            raise JobFileError(f"--set {key}: {where} is a value, not a table")
+        node = child
+    node[leaf] = value
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
+
+
+def to_spec(raw: dict[str, Any], source: str) -> JobSpec:
+    try:
+        return msgspec.convert(raw, JobSpec)
+    except msgspec.ValidationError as exc:
+        raise JobFileError(f"{source}: {describe(str(exc), raw)}") from None
+
+
+def describe(error: str, raw: dict[str, Any]) -> str:
+    """Turn msgspec's ``Expected `int` >= 1, got -5 - at `$.train.steps``` into
+    ``train.steps = -5: expected an int >= 1``."""
+    match = _AT.match(error)
+    msg, path = (match.group("msg"), match.group("path")) if match else (error, None)
+    key = (path or "").lstrip(".")
+    unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
+    if unknown:
+        full = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
+        return f"unknown key {full!r}"
+    missing = re.match(r"Object missing required field `([^`]+)`", msg)
+    if missing:
+        full = f"{key}.{missing.group(1)}" if key else missing.group(1)
+        return f"missing required key {full!r}"
+    value = _lookup(raw, key)
+    shown = f" = {value!r}" if value is not _MISSING else ""
+    detail = msg[0].lower() + msg[1:] if msg else "invalid"
+    return f"{key or 'job file'}{shown}: {detail}"
+
+
+_MISSING = object()
+
+
+def _lookup(raw: Any, key: str) -> Any:
+    node = raw
+    for part in filter(None, re.split(r"\.|\[(\d+)\]", key)):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _MISSING
+    return node

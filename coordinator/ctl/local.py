@@ -1,0 +1,200 @@
+"""``up`` and ``down``: a whole cluster on one machine — an embedded NATS server with
+JetStream, one hardware simulator for all nodes, one real agent per node pointed at its
+simulated tree, and one or two coordinators. Every process is detached (its own session),
+with its PID in ``DIR/pids`` and its log in ``DIR/logs``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+from nats.js.errors import NoKeysError
+
+from coordinator.ctl.errors import CtlError
+from coordinator.ctl.home import LocalCluster, pid_alive, read_pid, running
+from coordinator.embedded_nats import NatsServerMissing, start_nats_server
+from coordinator.kvstore import ensure_layout
+from proto.node import NodeRecord, NodeState
+from ringmaster.bus import connect
+
+
+def up(
+    directory: Path, nodes: int, gpus: int, standby: bool, cluster: str, timeout: float = 90.0
+) -> LocalCluster:
+    if nodes < 1 or gpus < 1:
+        raise CtlError("--nodes and --gpus-per-node must be at least 1", code=2)
+    if (existing := running(directory)) is not None:
+        print(f"ringmaster: local cluster already running in {directory}", file=sys.stderr)
+        return existing
+    pids, logs = directory / "pids", directory / "logs"
+    for d in (pids, logs, directory / "nodes"):
+        d.mkdir(parents=True, exist_ok=True)
+    try:
+        server = start_nats_server(directory / "nats", detach=True)
+    except (NatsServerMissing, RuntimeError) as exc:
+        raise CtlError(str(exc)) from None
+    (pids / "nats-server.pid").write_text(str(server.pid))
+    names = [f"node-{i}" for i in range(nodes)]
+    coordinators = ["coordinator-0", "coordinator-1"] if standby else ["coordinator-0"]
+    local = LocalCluster(
+        nats=server.url, cluster=cluster, nodes=names, gpus_per_node=gpus, coordinators=coordinators
+    )
+    (directory / "cluster.json").write_bytes(msgspec.json.encode(local))
+    py = sys.executable
+    root = directory / "nodes"
+    sim = [py, "-m", "nodeagent.sim", "--root", str(root), "--nodes", ",".join(names)]
+    sim += ["--nats", server.url, "--cluster", cluster]
+    _spawn("simulator", sim, directory)
+    _wait(lambda: all((root / n / ".ready").exists() for n in names), 30, "the simulator")
+    for name in names:
+        tree = root / name
+        _spawn(
+            f"nodeagent-{name}",
+            [
+                py,
+                "-m",
+                "nodeagent.cli",
+                "--node",
+                name,
+                "--cluster",
+                cluster,
+                "--nats",
+                server.url,
+                "--run-dir",
+                str(tree / "agent"),
+                "--sysfs",
+                str(tree / "sys"),
+                "--procfs",
+                str(tree / "proc"),
+                "--dev",
+                str(tree / "dev"),
+                "--simulated",
+                "--gpus",
+                str(gpus),
+                "--advertise-addr",
+                "127.0.0.1",
+            ],
+            directory,
+        )
+    for coordinator in coordinators:
+        _spawn(
+            coordinator,
+            [
+                py,
+                "-m",
+                "coordinator.cli",
+                "--id",
+                coordinator,
+                "--cluster",
+                cluster,
+                "--nats",
+                server.url,
+            ],
+            directory,
+        )
+    try:
+        asyncio.run(_await_nodes(local, timeout))
+    except TimeoutError:
+        raise CtlError(f"nodes did not all register within {timeout:.0f} s; see {logs}") from None
+    return local
+
+
+def _spawn(name: str, argv: list[str], directory: Path) -> None:
+    with (directory / "logs" / f"{name}.log").open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    (directory / "pids" / f"{name}.pid").write_text(str(proc.pid))
+
+
+def _wait(ready: object, timeout: float, what: str) -> None:
+    assert callable(ready)
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise CtlError(f"{what} did not come up within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+async def _await_nodes(local: LocalCluster, timeout: float) -> None:
+    nc = await connect(local.nats, "coordinatorctl-up")
+    try:
+        buckets = await ensure_layout(nc.jetstream(), local.cluster)
+        async with asyncio.timeout(timeout):
+            while True:
+                ready = set()
+                with contextlib.suppress(NoKeysError):
+                    for key in await buckets.nodes.keys():
+                        entry = await buckets.nodes.get(key)
+                        if entry.value:
+                            record = msgspec.json.decode(entry.value, type=NodeRecord)
+                            if record.state is NodeState.READY:
+                                ready.add(record.id)
+                if ready >= set(local.nodes):
+                    return
+                await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
+# Stop order: what produces work first, the bus last.
+def _order(name: str) -> int:
+    if name.startswith("coordinator"):
+        return 0
+    if name.startswith("nodeagent"):
+        return 1
+    if name == "simulator":
+        return 2
+    return 3
+
+
+def down(directory: Path, timeout: float = 15.0) -> list[str]:
+    """Stop every rank, daemon and server ``up`` started. Returns what was stopped."""
+    pids_dir = directory / "pids"
+    stopped: list[str] = []
+    # Training ranks outlive agent restarts by design, so they are stopped explicitly.
+    for pidfile in sorted((directory / "nodes").glob("*/agent/jobs/*/rank-*.pid")):
+        pid = read_pid(pidfile)
+        if pid is not None and _is_rank(pid):
+            _kill_group(pid, timeout)
+            stopped.append(f"rank {pidfile.parent.name}/{pidfile.stem} ({pid})")
+        pidfile.unlink(missing_ok=True)
+    for pidfile in sorted(pids_dir.glob("*.pid"), key=lambda p: _order(p.stem)):
+        pid = read_pid(pidfile)
+        if pid is not None and pid_alive(pid):
+            _kill_group(pid, timeout)
+            stopped.append(f"{pidfile.stem} ({pid})")
+        pidfile.unlink(missing_ok=True)
+    (directory / "cluster.json").unlink(missing_ok=True)
+    return stopped
+
+
+def _is_rank(pid: int) -> bool:
+    """Guard against PID reuse: a rank carries RINGMASTER_JOB_ID in its environment."""
+    try:
+        return b"RINGMASTER_JOB_ID=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def _kill_group(pid: int, timeout: float) -> None:
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + wait
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not pid_alive(pid):
+            return

@@ -1,0 +1,173 @@
+"""``coordinatorctl``: the operator's command line (DESIGN §3).
+
+Exit codes: 0 success, 1 the operation or job failed, 2 bad usage or bad input. Data goes
+to stdout (``start`` prints the job id alone); progress and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+
+from coordinator.ctl import local
+from coordinator.ctl.bus import Session, session
+from coordinator.ctl.errors import CtlError
+from coordinator.ctl.home import home, resolve
+from coordinator.ctl.inject import inject
+from coordinator.ctl.jobfile import JobFileError, load_job
+from coordinator.ctl.status import render, status_json
+from coordinator.ctl.tail import Filters, parse_duration, tail
+from proto import ensure_ours
+from proto.api import JobControl, SubmitJob
+from proto.events import Severity
+from proto.job import JobRecord, JobState
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def build() -> argparse.ArgumentParser:
+    common = Parser(add_help=False)
+    common.add_argument("--nats", help="NATS URL (else $RINGMASTER_NATS, else the local cluster)")
+    common.add_argument("--cluster", help="cluster name (default: the local cluster's, 'local')")
+    common.add_argument("--dir", help="local cluster directory (else $RINGMASTER_HOME)")
+    p = Parser(prog="coordinatorctl", description="Operate a Ringmaster cluster")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    up = sub.add_parser("up", parents=[common], help="start a local cluster")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--gpus-per-node", type=int, default=1)
+    up.add_argument("--standby", action="store_true", help="also start a standby coordinator")
+    up.add_argument("--json", action="store_true")
+    sub.add_parser("down", parents=[common], help="stop everything up started")
+    start = sub.add_parser("start", parents=[common], help="submit a job")
+    start.add_argument("jobfile", type=Path)
+    start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    start.add_argument("--wait", action="store_true", help="follow the job to its end")
+    status = sub.add_parser("status", parents=[common], help="nodes and jobs")
+    status.add_argument("job", nargs="?")
+    status.add_argument("--json", action="store_true")
+    t = sub.add_parser("tail", parents=[common], help="live events")
+    t.add_argument("--since", help="replay history from this long ago (90s, 5m, 2h)")
+    t.add_argument("--no-follow", dest="follow", action="store_false")
+    t.add_argument("--node")
+    t.add_argument("--job")
+    t.add_argument("--kind", help="event kind, shell-style patterns allowed (nvme.*)")
+    t.add_argument("--severity", choices=[s.value for s in Severity], help="at least this")
+    t.add_argument("--json", action="store_true")
+    for verb in ("pause", "resume", "checkpoint", "stop"):
+        c = sub.add_parser(verb, parents=[common], help=f"{verb} a job")
+        c.add_argument("job")
+    inj = sub.add_parser("inject", parents=[common], help="inject a fault (simulated nodes)")
+    inj.add_argument("node")
+    inj.add_argument("fault")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ensure_ours()
+    args = build().parse_args(argv)
+    try:
+        return dispatch(args)
+    except CtlError as exc:
+        print(f"coordinatorctl: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    directory = home(args.dir)
+    if args.command == "up":
+        cluster = args.cluster or os.environ.get("RINGMASTER_CLUSTER") or "local"
+        info = local.up(directory, args.nodes, args.gpus_per_node, args.standby, cluster)
+        if args.json:
+            print(json.dumps({"dir": str(directory), "nats": info.nats, "nodes": info.nodes}))
+        else:
+            print(
+                f"local cluster up in {directory}: {len(info.nodes)} nodes, NATS {info.nats}",
+                file=sys.stderr,
+            )
+        return 0
+    if args.command == "down":
+        for what in local.down(directory):
+            print(f"stopped {what}", file=sys.stderr)
+        return 0
+    url, cluster = resolve(args.nats, args.cluster, args.dir)
+    return asyncio.run(_remote(args, url, cluster, directory))
+
+
+async def _remote(args: argparse.Namespace, url: str, cluster: str, directory: Path) -> int:
+    cmd = args.command
+    if cmd == "start":
+        try:
+            spec = load_job(args.jobfile, args.set)
+        except JobFileError as exc:
+            raise CtlError(str(exc), code=2) from None
+    async with session(url, cluster) as s:
+        if cmd == "start":
+            source = str(args.jobfile.resolve())
+            reply = await s.ask(
+                "submit", SubmitJob(spec=spec, workdir=str(Path.cwd()), source=source)
+            )
+            if not reply.ok:
+                raise CtlError(reply.error, code=2)
+            print(reply.job, flush=True)
+            return await _wait(s, reply.job) if args.wait else 0
+        if cmd == "status":
+            data = await status_json(s, args.job)
+            if args.json:
+                print(json.dumps(data, indent=2))
+            else:
+                render(Console(highlight=False), data, args.job)
+            return 0
+        if cmd == "tail":
+            since = parse_duration(args.since) if args.since else None
+            severity = Severity(args.severity) if args.severity else None
+            filters = Filters(node=args.node, job=args.job, kind=args.kind, severity=severity)
+            return await tail(s, filters, since, args.follow, args.json)
+        if cmd in ("pause", "resume", "checkpoint", "stop"):
+            reply = await s.ask("control", JobControl(job=args.job, action=cmd))
+            if not reply.ok:
+                code = 2 if reply.error.startswith("no job") else 1
+                raise CtlError(reply.error, code=code)
+            print(f"{cmd}: sent to {reply.job}", file=sys.stderr)
+            return 0
+        if cmd == "inject":
+            print(await inject(s, args.node, args.fault, directory), file=sys.stderr)
+            return 0
+    raise CtlError(f"unknown command {cmd}", code=2)
+
+
+async def _wait(s: Session, job_id: str) -> int:
+    """Follow a job until it ends; state changes and progress go to stderr."""
+    last: tuple[str, int] | None = None
+    shown = 0.0
+    while True:
+        job = await s.record("jobs", job_id, JobRecord)
+        if job is not None:
+            now = time.monotonic()
+            if last is None or job.state.value != last[0] or now - shown > 5:
+                print(
+                    f"{job_id}: {job.state.value} step {job.step}/{job.target_steps}"
+                    + (f" loss {job.loss:.3f}" if job.loss is not None else "")
+                    + (f" ({job.reason})" if job.reason else ""),
+                    file=sys.stderr,
+                )
+                last, shown = (job.state.value, job.step), now
+            if job.state.terminal:
+                return 0 if job.state is JobState.COMPLETED else 1
+        await asyncio.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Leadership as a handler (:class:`Election`, a small state machine) over a backend (a
+compare-and-set store with revisions: JetStream KV in production, :class:`MemoryCasStore`
+in pure tests; both pass the same contract suite).
+
+The lease is one key. The leader renews it by compare-and-set on its revision. A standby
+watches the revision and takes the lease (compare-and-set on the revision it saw) once the
+revision has not changed for ``ttl`` on the standby's *own* monotonic clock — the
+Kubernetes lease rule, which needs no agreement between clocks. The revision at which a
+coordinator acquired the lease is its epoch: every command carries it and agents refuse
+older ones (fencing). A leader that cannot renew steps down after ``0.8 × ttl``, before
+any standby may take over.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+LEASE_KEY = "leader"
+
+
+class Conflict(Exception):
+    """The compare-and-set lost: the key changed (or exists) since the caller looked."""
+
+
+class CasStore(Protocol):
+    async def get(self, key: str) -> tuple[bytes, int] | None: ...
+    async def create(self, key: str, value: bytes) -> int: ...
+    async def update(self, key: str, value: bytes, last: int) -> int: ...
+
+
+class MemoryCasStore:
+    """In-memory CasStore with one global revision counter, like a JetStream stream."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[bytes, int]] = {}
+        self._rev = 0
+
+    async def get(self, key: str) -> tuple[bytes, int] | None:
+        return self._data.get(key)
+
+    async def create(self, key: str, value: bytes) -> int:
+        if key in self._data:
+            raise Conflict(key)
+        return self._put(key, value)
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        current = self._data.get(key)
+        if current is None or current[1] != last:
+            raise Conflict(key)
+        return self._put(key, value)
+
+    def _put(self, key: str, value: bytes) -> int:
+        self._rev += 1
+        self._data[key] = (value, self._rev)
+        return self._rev
+
+
+class LeaseRecord(msgspec.Struct, kw_only=True):
+    holder: str
+    epoch: int = 0  # 0 until the holder's first renewal records its acquisition revision
+    renewed_at: float = 0.0  # wall clock, for humans only; never used to decide
+
+
+class Role(enum.StrEnum):
+    """follower → leader (acquired: key absent, or revision unchanged for ttl);
+    leader → follower (a renewal lost its compare-and-set, or none succeeded for 0.8 ttl)."""
+
+    FOLLOWER = "follower"
+    LEADER = "leader"
+
+
+class Election:
+    def __init__(
+        self,
+        store: CasStore,
+        me: str,
+        ttl: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.me = me
+        self.ttl = ttl
+        self.clock = clock
+        self.role = Role.FOLLOWER
+        self.epoch = 0
+        self.holder: str | None = None
+        self._rev = 0
+        self._seen_rev: int | None = None
+        self._seen_at = 0.0
+        self._renewed_at = 0.0
+
+    @property
+    def renew_every(self) -> float:
+        return self.ttl / 4
+
+    async def step(self) -> Role:
+        """One round: renew if leading, else watch the lease and take it when it lapses."""
+        now = self.clock()
+        if self.role is Role.LEADER:
+            await self._renew(now)
+            return self.role
+        current = await self.store.get(LEASE_KEY)
+        if current is None:
+            await self._acquire(now, None)
+            return self.role
+        value, rev = current
+        try:
+            self.holder = msgspec.json.decode(value, type=LeaseRecord).holder
+        except msgspec.DecodeError:
+            self.holder = None
+        if rev != self._seen_rev:
+            # A record of ours from a previous life is waited out like anyone else's.
+            self._seen_rev, self._seen_at = rev, now
+        elif now - self._seen_at >= self.ttl:
+            await self._acquire(now, rev)
+        return self.role
+
+    async def _acquire(self, now: float, last: int | None) -> None:
+        record = msgspec.json.encode(LeaseRecord(holder=self.me, renewed_at=time.time()))
+        try:
+            rev = (
+                await self.store.create(LEASE_KEY, record)
+                if last is None
+                else await self.store.update(LEASE_KEY, record, last)
+            )
+        except Conflict:
+            self._seen_rev = None
+            return
+        self.role, self.epoch, self._rev, self._renewed_at = Role.LEADER, rev, rev, now
+        self.holder = self.me
+        await self._renew(now)
+
+    async def _renew(self, now: float) -> None:
+        record = LeaseRecord(holder=self.me, epoch=self.epoch, renewed_at=time.time())
+        try:
+            self._rev = await self.store.update(LEASE_KEY, msgspec.json.encode(record), self._rev)
+            self._renewed_at = now
+        except Conflict:
+            self._step_down()
+        except Exception:
+            if now - self._renewed_at >= 0.8 * self.ttl:
+                self._step_down()
+            raise
+
+    def _step_down(self) -> None:
+        self.role = Role.FOLLOWER
+        self._rev = 0
+        self._seen_rev = None
+        self.holder = None

@@ -1,0 +1,103 @@
+"""JetStream KV as a compare-and-set store (the production backend of the election), and
+the bucket/stream set-up every coordinator runs at start (idempotent)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import (
+    BadRequestError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
+from nats.js.kv import KeyValue
+
+from coordinator.election import Conflict
+from proto import subjects
+
+
+class KvCasStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def get(self, key: str) -> tuple[bytes, int] | None:
+        try:
+            entry = await self.kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        if entry.value is None or entry.revision is None:
+            return None
+        return entry.value, entry.revision
+
+    async def create(self, key: str, value: bytes) -> int:
+        try:
+            return await self.kv.create(key, value)
+        except KeyWrongLastSequenceError as exc:
+            raise Conflict(key) from exc
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        try:
+            return await self.kv.update(key, value, last=last)
+        except KeyWrongLastSequenceError as exc:
+            raise Conflict(key) from exc
+
+
+class Buckets:
+    def __init__(self, jobs: KeyValue, nodes: KeyValue, leader: KeyValue, members: KeyValue):
+        self.jobs = jobs
+        self.nodes = nodes
+        self.leader = leader
+        self.members = members
+
+
+async def ensure_layout(js: JetStreamContext, cluster: str, replicas: int = 1) -> Buckets:
+    """Create (or find) the event and progress streams and the KV buckets."""
+    streams = [
+        StreamConfig(
+            name=subjects.events_stream(cluster),
+            subjects=subjects.events_all(cluster),
+            retention=RetentionPolicy.LIMITS,
+            max_age=7 * 24 * 3600,
+            max_bytes=1 << 30,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+        StreamConfig(
+            name=subjects.progress_stream(cluster),
+            subjects=[subjects.progress_all(cluster)],
+            retention=RetentionPolicy.LIMITS,
+            max_age=24 * 3600,
+            max_msgs_per_subject=10_000,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+        ),
+    ]
+    for config in streams:
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            with contextlib.suppress(BadRequestError):
+                await js.update_stream(config)
+
+    async def bucket(what: str, history: int, ttl: float | None = None) -> KeyValue:
+        config = KeyValueConfig(
+            bucket=subjects.bucket(cluster, what),
+            history=history,
+            ttl=ttl,
+            replicas=replicas,
+            direct=True,
+        )
+        try:
+            return await js.create_key_value(config)
+        except BadRequestError:
+            return await js.key_value(config.bucket)
+
+    return Buckets(
+        jobs=await bucket("jobs", 5),
+        nodes=await bucket("nodes", 1),
+        leader=await bucket("leader", 1),
+        members=await bucket("coordinators", 1, ttl=30),
+    )

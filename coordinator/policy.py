@@ -1,0 +1,138 @@
+"""Fault policy: a pure function from (job, event) to actions. No I/O; the service applies
+the actions. Defaults and thresholds come from the job's ``[policy]`` section.
+
+Pauses are reference-counted by reason: a job is paused while any reason is open (an NVMe
+device in a latency spike, an operator's pause) and resumes when the last one closes, so
+two overlapping faults never resume the job early.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proto.events import (
+    EventBase,
+    GpuThermal,
+    NodeLost,
+    NvmeLatencyRecovered,
+    NvmeLatencySpike,
+    NvmeReadonly,
+    SpotNotice,
+    WorkerExited,
+)
+from proto.job import JobRecord, JobState
+
+LIVE = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PAUSED, JobState.CHECKPOINTING})
+
+
+@dataclass(frozen=True)
+class PauseJob:
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResumeJob:
+    key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckpointJob:
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestartJob:
+    reason: str
+    exclude: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DrainNode:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FinishJob:
+    state: JobState
+    reason: str
+
+
+Action = PauseJob | ResumeJob | CheckpointJob | RestartJob | DrainNode | FinishJob
+
+
+def decide(job: JobRecord, event: EventBase) -> list[Action]:
+    if job.state not in LIVE or (event.node is not None and event.node not in job.nodes):
+        return []
+    pol = job.spec.policy
+    match event:
+        case NvmeLatencySpike(node=node, device=dev, latency_us=lat) if lat >= pol.nvme_pause_us:
+            return [PauseJob(f"nvme:{node}:{dev}", f"NVMe {dev} on {node} at {lat:.0f} µs")]
+        case NvmeLatencyRecovered(node=node, device=dev, latency_us=lat):
+            return [ResumeJob(f"nvme:{node}:{dev}", f"NVMe {dev} on {node} back to {lat:.0f} µs")]
+        case WorkerExited(attempt=attempt) if attempt != job.attempt or job.stopping:
+            return all_exited(job) if job.stopping and attempt == job.attempt else []
+        case WorkerExited(node=node, rank=rank, exit_code=code) if code != 0:
+            return _restart_or_fail(job, f"rank {rank} on {node} failed ({event.message})", ())
+        case WorkerExited():
+            return all_exited(job)
+        case NodeLost(node=str(node)):
+            return [
+                DrainNode(node, "heartbeat lost"),
+                *_restart_or_fail(job, f"node {node} lost", (node,)),
+            ]
+        case NvmeReadonly(node=str(node), device=dev, readonly=True):
+            why = f"NVMe {dev} on {node} turned read-only"
+            return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
+        case SpotNotice(node=str(node), provider=provider):
+            why = f"preemption notice on {node} ({provider})"
+            return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
+        case GpuThermal(node=str(node), temp_c=temp, gpu=gpu) if temp >= pol.gpu_critical_c:
+            why = f"GPU {gpu} on {node} at {temp:.0f} °C"
+            return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
+    return []
+
+
+def _restart_or_fail(job: JobRecord, reason: str, exclude: tuple[str, ...]) -> list[Action]:
+    if job.restarts >= job.spec.policy.max_restarts:
+        return [FinishJob(JobState.FAILED, f"{reason}; restart budget of {job.restarts} spent")]
+    return [RestartJob(reason, exclude)]
+
+
+def all_exited(job: JobRecord) -> list[Action]:
+    """Every rank of the current attempt has exited (cleanly, or on our stop). Rank 0's
+    last progress may still be in flight (it travels on another stream), so an unexplained
+    early exit is left to :func:`overdue`."""
+    if len(job.exited_ranks) < job.world_size:
+        return []
+    if job.stopping or job.finished == "stopped":
+        return [FinishJob(JobState.STOPPED, job.reason or "stopped")]
+    if job.finished == "completed" or job.step >= job.target_steps:
+        return [FinishJob(JobState.COMPLETED, f"reached step {job.step}")]
+    return []
+
+
+def overdue(job: JobRecord) -> list[Action]:
+    """All ranks exited cleanly but rank 0 never reported the end: fail the job."""
+    if job.state in LIVE and len(job.exited_ranks) >= job.world_size > 0:
+        return [
+            FinishJob(JobState.FAILED, f"ranks exited at step {job.step} of {job.target_steps}")
+        ]
+    return []
+
+
+def open_reason(reasons: list[str], key: str) -> tuple[list[str], bool]:
+    """Add a pause reason; True when it is the first (the job must be paused now)."""
+    if key in reasons:
+        return reasons, False
+    return [*reasons, key], not reasons
+
+
+def close_reason(reasons: list[str], key: str) -> tuple[list[str], bool]:
+    """Remove a pause reason; True when it was the last (the job may resume now)."""
+    if key not in reasons:
+        return reasons, False
+    remaining = [r for r in reasons if r != key]
+    return remaining, not remaining

@@ -1,0 +1,106 @@
+"""``nodeagent``: run the daemon, or print one sample of every collector (``--once``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+from nodeagent.config import AgentConfig, ConfigError, load
+from nodeagent.registry import build
+from nodeagent.sampling import run_once
+from proto import ensure_ours
+from ringmaster.log import configure
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="nodeagent", description="Ringmaster node agent")
+    p.add_argument("--config", type=Path, help="agent TOML file")
+    p.add_argument("--node", help="node id (default: short hostname)")
+    p.add_argument("--cluster")
+    p.add_argument("--nats", help="NATS URL(s), comma-separated")
+    p.add_argument("--run-dir", dest="run_dir")
+    p.add_argument("--sysfs")
+    p.add_argument("--procfs")
+    p.add_argument("--dev")
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--advertise-addr", dest="advertise_addr")
+    p.add_argument("--simulated", action="store_true", default=None)
+    p.add_argument("--once", action="store_true", help="print one sample of every collector")
+    p.add_argument("--json", action="store_true", help="with --once: JSON output")
+    p.add_argument("--log-json", action="store_true", help="log JSON lines")
+    return p.parse_args(argv)
+
+
+def sample_all(config: AgentConfig) -> dict[str, object]:
+    """One full sample per collector. Rate-based collectors need two readings, so every
+    collector is read, then read again after the longest interval (capped at 1 s)."""
+    entries = build(config)
+    for entry in entries:
+        run_once(entry, time.time())
+    time.sleep(min(1.0, max(e.collector.interval_s for e in entries)))
+    out: dict[str, object] = {}
+    for entry in entries:
+        sample, status = run_once(entry, time.time())
+        out[status.name] = {
+            "ok": status.ok,
+            "duration_s": round(status.duration_s, 6),
+            "error": status.error,
+            "values": msgspec.to_builtins(sample.values) if sample else None,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ensure_ours()
+    args = parse(argv)
+    overrides = {
+        k: getattr(args, k)
+        for k in (
+            "node",
+            "cluster",
+            "nats",
+            "run_dir",
+            "sysfs",
+            "procfs",
+            "dev",
+            "gpus",
+            "advertise_addr",
+            "simulated",
+        )
+    }
+    try:
+        config = load(args.config, overrides)
+    except ConfigError as exc:
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return 2
+    configure("nodeagent", json=args.log_json)
+    if args.once:
+        result = sample_all(config)
+        if args.json:
+            print(json.dumps(result, indent=2, sort_keys=True))
+        else:
+            for name, value in result.items():
+                print(f"{name}: {json.dumps(value, sort_keys=True)}")
+        return 0
+    from nodeagent.daemon import Agent
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await Agent(config).run(stop)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

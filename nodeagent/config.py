@@ -1,0 +1,74 @@
+"""Agent settings: a TOML file (unknown keys are errors) overridden by command-line flags."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from nodeagent.collectors.base import Roots
+
+NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,63}$")]
+
+
+class NvmeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    interval_s: Annotated[float, msgspec.Meta(gt=0)] = 0.5
+    spike_us: Annotated[float, msgspec.Meta(gt=0)] = 100.0
+    recover_us: Annotated[float, msgspec.Meta(gt=0)] = 50.0
+    hold_s: Annotated[float, msgspec.Meta(ge=0)] = 3.0
+    devices: list[str] | None = None
+
+
+class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    node: NodeId = msgspec.field(default_factory=lambda: socket.gethostname().split(".")[0])
+    cluster: str = "local"
+    nats: str = "nats://127.0.0.1:4222"
+    advertise_addr: str | None = None  # IP the rendezvous master listens on; detected if unset
+    run_dir: str = "/var/lib/ringmaster/agent"
+    sysfs: str = "/sys"
+    procfs: str = "/proc"
+    dev: str = "/dev"
+    simulated: bool = False
+    gpus: int | None = None  # ranks this node can host; NVML's count if unset
+    heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
+    nvme: NvmeSettings = msgspec.field(default_factory=NvmeSettings)
+
+    def roots(self) -> Roots:
+        return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load(path: Path | None, overrides: dict[str, object]) -> AgentConfig:
+    """Read the file (if any), apply flag overrides, validate once."""
+    raw: dict[str, object] = {}
+    if path is not None:
+        try:
+            raw = msgspec.toml.decode(path.read_bytes())
+        except FileNotFoundError:
+            raise ConfigError(f"agent config {path}: no such file") from None
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"agent config {path}: {exc}") from None
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return msgspec.convert(raw, AgentConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"agent config: {exc}") from None
+
+
+def detect_addr(nats_url: str) -> str:
+    """The local IP that routes towards the NATS server: the address peers can reach us on.
+    A UDP connect sends nothing; it only asks the kernel for the route."""
+    host = nats_url.split(",")[0].split("://")[-1].rsplit(":", 1)[0].split("@")[-1] or "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(host), 4222))
+            addr: str = probe.getsockname()[0]
+            return addr
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,132 @@
+"""The node agent: collectors → detectors → events; heartbeats; commands → supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from pathlib import Path
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from nodeagent.commands import CommandHandler
+from nodeagent.config import AgentConfig, detect_addr
+from nodeagent.outbox import Outbox
+from nodeagent.registry import Registered, build
+from nodeagent.sampling import run_once_async, summarize
+from nodeagent.supervisor import Supervisor
+from proto import subjects
+from proto.codec import encode
+from proto.events import EventBase, NodeRegistered
+from proto.node import CollectorStatus, Heartbeat, Telemetry
+from proto.progress import Progress
+from ringmaster.bus import connect, event_subject
+
+log = structlog.get_logger()
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.node = config.node
+        self.run_dir = Path(config.run_dir)
+        self.addr = config.advertise_addr or detect_addr(config.nats)
+        self.telemetry = Telemetry()
+        self.statuses: dict[str, CollectorStatus] = {}
+        self.registered: list[Registered] = build(config)
+        self._outbox: Outbox | None = None
+        self.supervisor = Supervisor(self.node, self.run_dir, self.emit, self._progress)
+
+    async def emit(self, event: EventBase) -> None:
+        if self._outbox is None:
+            return
+        if event.node is None:
+            event.node = self.node
+        self._outbox.put(event_subject(self.config.cluster, event), encode(event))
+
+    async def _progress(self, job: str, message: Progress) -> None:
+        if self._outbox is not None:
+            message.job = job
+            self._outbox.put(subjects.progress(self.config.cluster, job), encode(message))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        nc = await connect(cfg.nats, f"nodeagent-{self.node}")
+        self._outbox = Outbox(nc.jetstream())
+        handler = CommandHandler(self.node, self.run_dir, self.supervisor, self.addr, self.emit)
+
+        async def on_command(msg: Msg) -> None:
+            reply = await handler.handle(msg.data)
+            if msg.reply:
+                await msg.respond(encode(reply))
+
+        await nc.subscribe(subjects.command(cfg.cluster, self.node), cb=on_command)
+        await self.emit(
+            NodeRegistered(
+                addr=self.addr,
+                hostname=socket.gethostname(),
+                gpus=self._gpus(),
+                simulated=cfg.simulated,
+                message=f"agent up at {self.addr}",
+            )
+        )
+        tasks = [asyncio.create_task(self._outbox.run(), name="outbox")]
+        tasks += [asyncio.create_task(self._sample_loop(e)) for e in self.registered]
+        tasks.append(asyncio.create_task(self._heartbeat_loop(nc)))
+        log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)
+        try:
+            await stop.wait()
+        finally:
+            log.info("agent stopping", node=self.node)
+            await self._outbox.drain(2.0)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.supervisor.close()
+            with contextlib.suppress(Exception):
+                await nc.drain()
+
+    def _gpus(self) -> int:
+        return self.config.gpus if self.config.gpus is not None else 0
+
+    async def _sample_loop(self, entry: Registered) -> None:
+        interval = entry.collector.interval_s
+        while True:
+            started = time.monotonic()
+            sample, status = await run_once_async(entry)
+            self.statuses[status.name] = status
+            if sample is not None:
+                summarize(self.telemetry, sample)
+                for detector in entry.detectors:
+                    for event in detector.observe(sample):
+                        log.info("event", kind=type(event).__struct_config__.tag, msg=event.message)
+                        await self.emit(event)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def _heartbeat_loop(self, nc: Client) -> None:
+        seq = 0
+        subject = subjects.heartbeat(self.config.cluster, self.node)
+        while True:
+            seq += 1
+            beat = Heartbeat(
+                node=self.node,
+                seq=seq,
+                sent_at=time.time(),
+                addr=self.addr,
+                hostname=socket.gethostname(),
+                gpus=self._gpus(),
+                cpus=0 if self.config.simulated else (os.cpu_count() or 0),
+                simulated=self.config.simulated,
+                interval_s=self.config.heartbeat_s,
+                telemetry=self.telemetry,
+                collectors=list(self.statuses.values()),
+                jobs=self.supervisor.jobs(),
+            )
+            with contextlib.suppress(Exception):
+                await nc.publish(subject, encode(beat))
+            await asyncio.sleep(self.config.heartbeat_s)

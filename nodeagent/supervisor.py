@@ -1,0 +1,196 @@
+"""Training ranks this node runs: start, relay control, stop, and report every exit.
+
+Each rank runs in its own session (process group), so a stop reaches every process a rank
+spawned, and an agent restart does not take the ranks with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from nodeagent.control_channel import ControlChannel
+from proto.codec import encode
+from proto.commands import Launch
+from proto.events import EventBase, Severity, WorkerExited
+from proto.progress import Progress
+
+log = structlog.get_logger()
+EventSink = Callable[[EventBase], Awaitable[None]]
+ProgressSink = Callable[[str, Progress], Awaitable[None]]
+
+
+class SupervisorError(RuntimeError):
+    pass
+
+
+@dataclass
+class JobRun:
+    job: str
+    attempt: int
+    workdir: Path
+    channel: ControlChannel
+    procs: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
+    waiters: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def alive(self) -> list[int]:
+        return [r for r, p in self.procs.items() if p.returncode is None]
+
+
+class Supervisor:
+    def __init__(
+        self, node: str, run_dir: Path, on_event: EventSink, on_progress: ProgressSink
+    ) -> None:
+        self.node = node
+        self.run_dir = run_dir
+        self._on_event = on_event
+        self._on_progress = on_progress
+        self.runs: dict[str, JobRun] = {}
+
+    def jobs(self) -> list[str]:
+        return [job for job, run in self.runs.items() if run.alive()]
+
+    def pids(self, job: str) -> list[int]:
+        run = self.runs.get(job)
+        return [p.pid for p in run.procs.values()] if run else []
+
+    async def launch(self, cmd: Launch) -> list[int]:
+        old = self.runs.get(cmd.job)
+        if old is not None:
+            if old.alive():
+                raise SupervisorError(f"job {cmd.job} already has live ranks {old.alive()}")
+            await old.channel.close()
+        jobdir = self.run_dir / "jobs" / cmd.job
+        jobdir.mkdir(parents=True, exist_ok=True)
+        spec_path = jobdir / "spec.json"
+        spec_path.write_bytes(encode(cmd.spec))
+
+        async def progress(message: Progress) -> None:
+            await self._on_progress(cmd.job, message)
+
+        channel = ControlChannel(jobdir / "control.sock", progress)
+        await channel.start()
+        run = JobRun(cmd.job, cmd.attempt, Path(cmd.workdir or jobdir), channel)
+        self.runs[cmd.job] = run
+        argv = _argv(cmd.argv)
+        for spec in cmd.ranks:
+            env = {
+                **os.environ,
+                **cmd.env,
+                "RANK": str(spec.rank),
+                "LOCAL_RANK": str(spec.local_rank),
+                "RINGMASTER_JOB_ID": cmd.job,
+                "RINGMASTER_JOB_SPEC": str(spec_path),
+                "RINGMASTER_WORKDIR": str(run.workdir),
+                "RINGMASTER_CONTROL_SOCKET": str(channel.path),
+                "RINGMASTER_ATTEMPT": str(cmd.attempt),
+            }
+            logf = (jobdir / f"rank-{spec.rank}.log").open("ab")
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    env=env,
+                    cwd=run.workdir,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=logf,
+                    stderr=logf,
+                    start_new_session=True,
+                    preexec_fn=_affinity(spec.cpus),
+                )
+            except OSError as exc:
+                await self.stop(cmd.job, force=True, grace_s=0)
+                raise SupervisorError(f"cannot start rank {spec.rank}: {exc}") from exc
+            finally:
+                logf.close()
+            run.procs[spec.rank] = proc
+            (jobdir / f"rank-{spec.rank}.pid").write_text(str(proc.pid))
+            run.waiters.append(asyncio.create_task(self._watch(run, spec.rank, proc)))
+            log.info("rank started", job=cmd.job, rank=spec.rank, pid=proc.pid)
+        return [p.pid for p in run.procs.values()]
+
+    async def _watch(self, run: JobRun, rank: int, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        sig = -code if code < 0 else None
+        log.info("rank exited", job=run.job, rank=rank, code=code)
+        await self._on_event(
+            WorkerExited(
+                node=self.node,
+                job=run.job,
+                rank=rank,
+                pid=proc.pid,
+                attempt=run.attempt,
+                exit_code=code if code >= 0 else None,
+                signal=sig,
+                severity=Severity.INFO if code == 0 else Severity.CRITICAL,
+                message=f"rank {rank} exited with "
+                + (f"code {code}" if sig is None else f"signal {sig}"),
+            )
+        )
+
+    async def control(self, job: str, action: str) -> None:
+        run = self.runs.get(job)
+        if run is None or not run.alive():
+            raise SupervisorError(f"job {job} has no live ranks on this node")
+        await run.channel.send(action)
+
+    async def stop(self, job: str, *, force: bool, grace_s: float) -> None:
+        """Graceful: ask rank 0 to stop at the next step boundary, wait ``grace_s``; then
+        SIGTERM every rank's process group, then SIGKILL."""
+        run = self.runs.get(job)
+        if run is None:
+            return
+        if not force and run.alive():
+            with contextlib.suppress(SupervisorError):
+                await self.control(job, "stop")
+            await _wait_all(run, grace_s)
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if not run.alive():
+                break
+            for rank in run.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(run.procs[rank].pid, sig)
+            await _wait_all(run, wait)
+        await asyncio.gather(*run.waiters, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Agent shutdown: ranks keep running (they outlive an agent restart)."""
+        for run in self.runs.values():
+            await run.channel.close()
+            for waiter in run.waiters:
+                waiter.cancel()
+
+
+async def _wait_all(run: JobRun, timeout: float) -> None:
+    pending = [asyncio.create_task(p.wait()) for p in run.procs.values() if p.returncode is None]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+        for task in pending:
+            task.cancel()
+
+
+def _argv(argv: list[str]) -> list[str]:
+    if not argv:
+        return [sys.executable, "-m", "trainer.worker"]
+    if argv[0].endswith(".py"):
+        return [sys.executable, *argv]
+    return argv
+
+
+def _affinity(cpus: list[int]) -> Callable[[], None] | None:
+    if not cpus:
+        return None
+    available = os.sched_getaffinity(0)
+    chosen = {c for c in cpus if c in available} or available
+
+    def apply() -> None:
+        os.sched_setaffinity(0, chosen)
+
+    return apply

@@ -1,0 +1,1 @@
+"""Runtime helpers shared by the daemons and the CLI: logging and the NATS connection."""
