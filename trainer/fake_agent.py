@@ -13,14 +13,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import msgspec
 
 from proto.codec import progress_decoder
-from proto.progress import ControlWord, Progress
+from proto.progress import ControlWord, Progress, ProgressBase
 
 Action = Literal["pause", "resume", "checkpoint", "stop"]
+P = TypeVar("P", bound=ProgressBase)
 
 
 class FakeAgent:
@@ -70,18 +71,26 @@ class FakeAgent:
                 msgspec.json.encode(ControlWord(action=action, seq=self._seq)) + b"\n"
             )
 
-    def wait_for(self, predicate: Callable[[Progress], bool], timeout: float = 60.0) -> Progress:
-        """The first message (already received or arriving within ``timeout``) matching."""
+    def wait_for(
+        self, kind: type[P], where: Callable[[P], bool] | None = None, timeout: float = 60.0
+    ) -> P:
+        """The first message of type ``kind`` (and matching ``where``), already received or
+        arriving within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 for message in self.messages:
-                    if predicate(message):
+                    if isinstance(message, kind) and (where is None or where(message)):
                         return message
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"no matching message; got {self.messages[-5:]}")
+                    raise TimeoutError(f"no {kind.__name__} arrived; last: {self.messages[-3:]}")
                 self._cond.wait(left)
+
+    def of(self, kind: type[P]) -> list[P]:
+        """Every message of type ``kind`` received so far."""
+        with self._cond:
+            return [m for m in self.messages if isinstance(m, kind)]
 
     def drop_connection(self) -> None:
         """Close the current connection, as an agent restart would."""

@@ -1,0 +1,158 @@
+"""Fixtures that run real trainer ranks: each rank a ``python -m trainer.worker`` process
+with the torchrun environment set by hand, its stderr in its own log file."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from proto.job import JobSpec
+from trainer.checkpoint import default_staging_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def job_spec(**sections: dict[str, Any]) -> JobSpec:
+    """A small fast job (tiny model, fp32) with ``sections`` merged over it."""
+    raw: dict[str, Any] = {
+        "job": {"name": "test"},
+        "train": {
+            "model": "tiny",
+            "steps": 10,
+            "precision": "fp32",
+            "micro_batch_size": 2,
+            "seq_len": 32,
+            "lr": 3e-3,
+        },
+        "checkpoint": {"every_steps": 1000, "dir": "ckpt", "keep": 3},
+    }
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return msgspec.convert(raw, JobSpec)
+
+
+class Ranks:
+    """One launch of a job: ``world_size`` worker processes."""
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+        self.procs = procs
+        self.logs = logs
+
+    def wait(self, timeout: float = 90.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        return [p.wait(max(0.1, deadline - time.monotonic())) for p in self.procs]
+
+    def signal(self, signum: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    def log(self, rank: int) -> str:
+        return self.logs[rank].read_text()
+
+    def events(self, rank: int, event: str) -> list[dict[str, str]]:
+        """The fields of every ``event=<event>`` log line of ``rank``."""
+        lines = [line for line in self.log(rank).splitlines() if f" event={event} " in line + " "]
+        return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in lines]
+
+    def wait_for_event(self, rank: int, event: str, timeout: float = 30.0) -> dict[str, str]:
+        """The first ``event`` line of ``rank``'s log, waiting up to ``timeout`` for it."""
+        deadline = time.monotonic() + timeout
+        while not (found := self.events(rank, event)):
+            if time.monotonic() > deadline or self.procs[rank].poll() is not None:
+                raise AssertionError(f"rank {rank} logged no {event}:\n{self.log(rank)}")
+            time.sleep(0.05)
+        return found[0]
+
+
+class Launcher:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.launched: list[Ranks] = []
+        self.count = 0
+        self.job_id = f"test-{workdir.name}"  # unique, so staging dirs in /dev/shm never clash
+
+    def __call__(
+        self,
+        spec: JobSpec,
+        *,
+        world_size: int = 2,
+        job_id: str | None = None,
+        socket_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Ranks:
+        self.count += 1
+        spec_path = self.workdir / f"spec-{self.count}.json"
+        spec_path.write_bytes(msgspec.json.encode(spec))
+        port = free_port()
+        procs, logs = [], []
+        for rank in range(world_size):
+            rank_env = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "RINGMASTER_JOB_SPEC": str(spec_path),
+                "RINGMASTER_JOB_ID": job_id or self.job_id,
+                "RINGMASTER_WORKDIR": str(self.workdir),
+                "PYTHONPATH": str(REPO),
+                **(env or {}),
+            }
+            if socket_path is not None:
+                rank_env["RINGMASTER_CONTROL_SOCKET"] = str(socket_path)
+            log = self.workdir / f"launch-{self.count}-rank-{rank}.log"
+            with log.open("wb") as stderr:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "trainer.worker"],
+                        cwd=self.workdir,
+                        env=rank_env,
+                        stdout=subprocess.DEVNULL,
+                        stderr=stderr,
+                    )
+                )
+            logs.append(log)
+        ranks = Ranks(procs, logs)
+        self.launched.append(ranks)
+        return ranks
+
+
+@pytest.fixture
+def make_spec() -> Callable[..., JobSpec]:
+    """``make_spec(train={...}, checkpoint={...})``: :func:`job_spec` as a fixture."""
+    return job_spec
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Launcher]:
+    """Start ranks with ``launch(spec, ...)``; any still running at teardown are killed."""
+    launcher = Launcher(tmp_path)
+    yield launcher
+    for ranks in launcher.launched:
+        ranks.signal(signal.SIGKILL)
+        ranks.wait(10)
+    # a killed rank leaves its staged shard behind
+    shutil.rmtree(default_staging_dir(launcher.job_id, tmp_path), ignore_errors=True)

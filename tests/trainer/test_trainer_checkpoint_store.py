@@ -1,0 +1,121 @@
+"""Checkpoint staging, sealing and the resume rules, in one process (world size 1)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import durable
+from trainer.checkpoint import Checkpointer, Coordination, find_resumable, load_shard
+
+
+def own_shard(manifest: durable.Manifest) -> str:
+    return durable.shard_name(0)
+
+
+def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, Path, float]]]:
+    reported: list[tuple[int, Path, float]] = []
+    ckpt = Checkpointer(
+        tmp_path / "ckpt",
+        tmp_path / "staging",
+        Coordination(),
+        keep=keep,
+        engine="ddp",
+        on_durable=lambda step, path, stall: reported.append((step, path, stall)),
+    )
+    return ckpt, reported
+
+
+def state(step: int) -> dict[str, object]:
+    return {"step": step, "weights": torch.full((64,), float(step))}
+
+
+def test_save_seals_manifest_moves_latest_and_prunes(tmp_path: Path) -> None:
+    ckpt, reported = make(tmp_path, keep=2)
+    for step in (10, 20, 30):
+        assert ckpt.save(step, state(step)) >= 0
+    ckpt.close()
+    root = tmp_path / "ckpt"
+    assert durable.read_latest(root) == "step-30"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-20", "step-30"]
+    manifest = durable.read_manifest(root / "step-30")
+    assert manifest is not None and manifest.step == 30 and manifest.world_size == 1
+    assert durable.verify(root / "step-30", manifest, "rank-0.pt")
+    assert [r[0] for r in reported] == [10, 20, 30]
+    assert not (tmp_path / "staging").exists()  # the staged copy is dropped on close
+    shard = find_resumable(root, Coordination(), own_shard)
+    assert shard == root / "step-30" / "rank-0.pt"
+    assert torch.equal(load_shard(shard)["weights"], torch.full((64,), 30.0))
+
+
+def test_saving_the_same_step_again_reports_it_without_rewriting(tmp_path: Path) -> None:
+    ckpt, reported = make(tmp_path)
+    ckpt.save(5, state(5))
+    ckpt.wait()
+    created = durable.read_manifest(tmp_path / "ckpt" / "step-5")
+    ckpt.save(5, state(5))
+    ckpt.close()
+    assert [r[0] for r in reported] == [5, 5]
+    assert durable.read_manifest(tmp_path / "ckpt" / "step-5") == created
+
+
+def test_loop_blocks_only_for_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt, _ = make(tmp_path)
+    release = threading.Event()
+    real_copy = durable.copy_and_hash
+
+    def slow_copy(src: Path, dst: Path) -> durable.FileEntry:
+        release.wait(30)
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(durable, "copy_and_hash", slow_copy)
+    ckpt.save(1, state(1))  # returns while the persist is held
+    assert durable.read_latest(tmp_path / "ckpt") is None
+    release.set()
+    ckpt.wait()
+    assert durable.read_latest(tmp_path / "ckpt") == "step-1"
+
+
+def test_corrupt_or_partial_checkpoints_are_skipped(tmp_path: Path) -> None:
+    ckpt, _ = make(tmp_path, keep=5)
+    for step in (1, 2, 3, 4):
+        ckpt.save(step, state(step))
+    ckpt.close()
+    root = tmp_path / "ckpt"
+
+    def resumes_from() -> str | None:
+        shard = find_resumable(root, Coordination(), own_shard)
+        return shard.parent.name if shard else None
+
+    # a persist that died before its manifest, newer than latest: ignored
+    (root / "step-9").mkdir()
+    (root / "step-9" / "rank-0.pt").write_bytes(b"partial")
+    assert resumes_from() == "step-4"
+    # a shard whose bytes changed (same size): caught by the checksum
+    shard = root / "step-4" / "rank-0.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert resumes_from() == "step-3"
+    # a corrupt manifest
+    (root / "step-3" / "manifest.json").write_text("{not json")
+    assert resumes_from() == "step-2"
+    # a truncated shard
+    shard = root / "step-2" / "rank-0.pt"
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert resumes_from() == "step-1"
+    # a missing shard
+    (root / "step-1" / "rank-0.pt").unlink()
+    assert resumes_from() is None
+
+
+def test_without_latest_every_sealed_dir_is_a_candidate(tmp_path: Path) -> None:
+    ckpt, _ = make(tmp_path)
+    for step in (1, 2):
+        ckpt.save(step, state(step))
+    ckpt.close()
+    (tmp_path / "ckpt" / "latest").unlink()
+    assert durable.candidates(tmp_path / "ckpt") == ["step-2", "step-1"]

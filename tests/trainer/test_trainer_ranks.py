@@ -1,0 +1,168 @@
+"""Two real ranks over gloo: training, resume, crash safety, and control through the agent
+socket. Each test launches ``python -m trainer.worker`` processes (see conftest)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from proto.job import JobSpec
+from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
+from trainer import durable
+from trainer.checkpoint import Coordination, find_resumable, load_shard
+from trainer.fake_agent import FakeAgent
+
+pytestmark = pytest.mark.slow
+MakeSpec = Callable[..., JobSpec]
+
+
+def traces(workdir: Path, rank: int) -> list[dict[str, Any]]:
+    lines = (workdir / f"trace-rank-{rank}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_fp8_training_loss_falls_on_two_ranks(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    spec = make_spec(train={"precision": "fp8", "steps": 30, "micro_batch_size": 4, "seq_len": 64})
+    ranks = launch(spec, socket_path=agent.path)
+    assert ranks.wait() == [0, 0], ranks.log(0)
+    losses = [m.loss for m in agent.of(StepDone)]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0, losses
+    for rank in (0, 1):
+        assert ranks.events(rank, "model")[0]["float8_linears"] == "8"
+    finished = agent.wait_for(Finished)
+    assert (finished.step, finished.outcome) == (30, "completed")
+    agent.close()
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    trace_a, trace_b = tmp_path / "interrupted", tmp_path / "straight"
+    trace_a.mkdir()
+    trace_b.mkdir()
+    # interrupted: 6 steps (checkpoints at 3 and 6), then a fresh launch continues to 10
+    first = make_spec(train={"steps": 6}, checkpoint={"every_steps": 3, "dir": "a"})
+    assert launch(first, env={"RINGMASTER_TEST_TRACE": str(trace_a)}).wait() == [0, 0]
+    second = make_spec(train={"steps": 10}, checkpoint={"every_steps": 3, "dir": "a"})
+    resumed = launch(second, env={"RINGMASTER_TEST_TRACE": str(trace_a)})
+    assert resumed.wait() == [0, 0], resumed.log(0)
+    assert resumed.events(1, "resumed_from")[0]["step"] == "6"
+    # uninterrupted: 10 steps in one go
+    straight = make_spec(train={"steps": 10}, checkpoint={"every_steps": 3, "dir": "b"})
+    assert launch(straight, env={"RINGMASTER_TEST_TRACE": str(trace_b)}).wait() == [0, 0]
+
+    for rank in (0, 1):
+        a, b = traces(trace_a, rank), traces(trace_b, rank)
+        assert [t["step"] for t in a] == list(range(10))  # trace steps are 0-based
+        assert [t["ids"] for t in a] == [t["ids"] for t in b]  # same samples after resume
+        assert [t["loss"] for t in a] == [t["loss"] for t in b]  # bit-identical losses
+    final_a = load_shard(tmp_path / "a" / "step-10" / "rank-0.pt")["engine"]
+    final_b = load_shard(tmp_path / "b" / "step-10" / "rank-0.pt")["engine"]
+    for name, tensor in final_b["model"].items():
+        assert torch.equal(final_a["model"][name], tensor), name
+    state_a, state_b = final_a["optimizer"]["state"], final_b["optimizer"]["state"]
+    assert state_a.keys() == state_b.keys()
+    assert all(torch.equal(state_a[k]["exp_avg_sq"], state_b[k]["exp_avg_sq"]) for k in state_a)
+
+
+def test_kill_during_persist_keeps_previous_checkpoint(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    root = tmp_path / "ckpt"
+    assert launch(make_spec(train={"steps": 3})).wait() == [0, 0]
+    assert durable.read_latest(root) == "step-3"
+    # the next run's final persist stalls after writing its shards; kill -9 it there
+    ranks = launch(make_spec(train={"steps": 6}), env={"RINGMASTER_TEST_PERSIST_DELAY_S": "60"})
+    deadline = time.monotonic() + 60
+    shards = [root / "step-6" / durable.shard_name(r) for r in (0, 1)]
+    while not all(p.exists() for p in shards):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in ranks.procs)
+        time.sleep(0.05)
+    ranks.signal(signal.SIGKILL)
+    assert ranks.wait() == [-9, -9]
+    assert durable.read_latest(root) == "step-3"
+    assert durable.read_manifest(root / "step-6") is None
+    shard = find_resumable(root, Coordination(), lambda m: durable.shard_name(0))
+    assert shard == root / "step-3" / "rank-0.pt"
+    assert load_shard(shard)["step"] == 3
+    # a fresh launch resumes from step 3 and completes, sealing step 6 this time
+    again = launch(make_spec(train={"steps": 6}))
+    assert again.wait() == [0, 0]
+    assert again.events(0, "resumed_from")[0]["step"] == "3"
+    assert durable.read_latest(root) == "step-6"
+
+
+def test_pause_holds_every_rank_then_resume_completes(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    ranks = launch(make_spec(train={"steps": 200}), socket_path=agent.path)
+    agent.wait_for(StepDone, lambda m: m.step >= 2)
+    agent.send("pause")
+    paused = agent.wait_for(Paused)
+    held = paused.step
+    assert 2 <= held < 200
+    assert [ranks.wait_for_event(r, "paused")["step"] for r in (0, 1)] == [str(held)] * 2
+    # an agent restart while paused: the link reconnects and control still works
+    agent.drop_connection()
+    agent.send("checkpoint")
+    ckpt = agent.wait_for(Checkpointed)
+    assert ckpt.step == held
+    assert durable.read_latest(tmp_path / "ckpt") == f"step-{held}"
+    # nobody stepped while paused (the checkpoint round-trip above took several polls)
+    assert max(m.step for m in agent.of(StepDone)) == held
+    assert all(r.poll() is None for r in ranks.procs)
+    agent.send("resume")
+    resumed = agent.wait_for(Resumed)
+    assert resumed.step == held
+    finished = agent.wait_for(Finished)
+    assert (finished.step, finished.outcome) == (200, "completed")
+    assert ranks.wait() == [0, 0]
+    for rank in (0, 1):
+        assert ranks.events(rank, "resumed")[0]["step"] == str(held)
+        steps = [int(e["step"]) for e in ranks.events(rank, "step")]
+        assert steps == list(range(1, 201))
+    agent.close()
+
+
+def test_stop_checkpoints_and_exits_zero(tmp_path: Path, launch: Any, make_spec: MakeSpec) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    ranks = launch(make_spec(train={"steps": 100_000}), socket_path=agent.path)
+    agent.wait_for(StepDone, lambda m: m.step >= 2)
+    agent.send("stop")
+    finished = agent.wait_for(Finished)
+    assert ranks.wait() == [0, 0]
+    assert finished.outcome == "stopped"
+    ckpt = agent.wait_for(Checkpointed)
+    assert ckpt.step == finished.step
+    root = tmp_path / "ckpt"
+    assert durable.read_latest(root) == f"step-{finished.step}"
+    manifest = durable.read_manifest(root / f"step-{finished.step}")
+    assert manifest is not None and sorted(manifest.files) == ["rank-0.pt", "rank-1.pt"]
+    for rank in (0, 1):
+        assert ranks.events(rank, "finished")[0]["outcome"] == "stopped"
+    agent.close()
+
+
+def test_sigterm_exits_quickly_and_nonzero(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    ranks = launch(make_spec(train={"steps": 100_000}), socket_path=agent.path)
+    agent.wait_for(StepDone, lambda m: m.step >= 2)
+    ranks.signal(signal.SIGTERM)
+    start = time.monotonic()
+    assert ranks.wait(timeout=15) == [143, 143]
+    assert time.monotonic() - start < 10
+    agent.close()
