@@ -1,0 +1,186 @@
+"""Trainer benchmarks on this machine's CPU (not a test): throughput, the cost of the
+step-boundary control broadcast, and how long a checkpoint blocks the training loop.
+
+    .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400] [--sizes-mb 200 600]
+
+Throughput and control cost run the real worker as 2 gloo ranks (one thread each) and
+read its progress through a fake agent; the checkpoint figures run in this process with
+the real :class:`trainer.checkpoint.Checkpointer` (world size 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+import torch
+
+from proto.job import JobSpec
+from proto.progress import Finished, StepDone
+from trainer import durable
+from trainer.checkpoint import Checkpointer, Coordination, default_staging_dir
+from trainer.fake_agent import FakeAgent
+
+REPO = Path(__file__).resolve().parents[1]
+
+WORLD = 2
+
+
+def run_job(workdir: Path, spec: JobSpec, env: dict[str, str]) -> list[StepDone]:
+    """Run ``spec`` as WORLD local ranks; the StepDone messages rank 0 reported."""
+    workdir.mkdir(parents=True)
+    (workdir / "spec.json").write_bytes(msgspec.json.encode(spec))
+    agent = FakeAgent(workdir / "agent.sock")
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "trainer.worker"],
+            cwd=REPO,
+            stderr=subprocess.DEVNULL,
+            env={
+                **os.environ,
+                **env,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(WORLD),
+                "LOCAL_WORLD_SIZE": str(WORLD),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+                "RINGMASTER_JOB_SPEC": str(workdir / "spec.json"),
+                "RINGMASTER_JOB_ID": f"bench-{workdir.name}",
+                "RINGMASTER_WORKDIR": str(workdir),
+                "RINGMASTER_CONTROL_SOCKET": str(agent.path),
+            },
+        )
+        for rank in range(WORLD)
+    ]
+    agent.wait_for(Finished, timeout=600)
+    if [p.wait(60) for p in procs] != [0] * WORLD:
+        raise SystemExit(f"benchmark job in {workdir} failed")
+    agent.close()
+    return agent.of(StepDone)
+
+
+def free_port() -> int:
+    """A free TCP port for the rendezvous (released just before rank 0 binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def spec(precision: str, steps: int) -> JobSpec:
+    return msgspec.convert(
+        {
+            "job": {"name": "bench"},
+            "train": {
+                "model": "tiny",
+                "steps": steps,
+                "precision": precision,
+                "micro_batch_size": 8,
+                "seq_len": 128,
+            },
+            "checkpoint": {"every_steps": 100_000},
+        },
+        JobSpec,
+    )
+
+
+def throughput(root: Path, steps: int) -> None:
+    print(f"## tiny preset, {WORLD} ranks gloo (1 thread each), micro_batch 8 x seq 128")
+    for precision in ("fp32", "fp8"):
+        done = run_job(root / f"tput-{precision}", spec(precision, steps), {})[steps // 5 :]
+        tps = statistics.median(m.tokens_per_s for m in done)
+        step_ms = 1000 * statistics.median(m.step_time_s for m in done)
+        label = "fp8 (torchao, emulated)" if precision == "fp8" else "fp32"
+        print(f"{label:24} {tps:9.0f} tokens/s (global)   {step_ms:6.1f} ms/step")
+
+
+def control_cost(root: Path, steps: int, rounds: int = 2) -> None:
+    """Wall time between consecutive StepDone reports (the step plus its boundary), on a
+    small step (micro_batch 2 x seq 32) so the broadcast's share is as visible as it gets;
+    runs alternate with and without the broadcast to spread out machine noise."""
+    gaps: dict[str, list[float]] = {"with": [], "without": []}
+    small = msgspec.structs.replace(
+        spec("fp32", steps),
+        train=msgspec.structs.replace(spec("fp32", steps).train, micro_batch_size=2, seq_len=32),
+    )
+    for i in range(rounds):
+        for label, env in (("with", {}), ("without", {"RINGMASTER_BENCH_NO_CONTROL": "1"})):
+            done = run_job(root / f"control-{label}-{i}", small, env)[steps // 5 :]
+            gaps[label] += [b.time - a.time for a, b in itertools.pairwise(done)]
+    with_s, without_s = (statistics.median(gaps[k]) for k in ("with", "without"))
+    print(
+        f"step time with control broadcast / without: {with_s / without_s:.3f} "
+        f"({1000 * with_s:.2f} ms / {1000 * without_s:.2f} ms median, tiny fp32, "
+        f"micro_batch 2 x seq 32, {rounds} x {steps} steps each)"
+    )
+
+
+def fake_state(megabytes: int) -> dict[str, object]:
+    """Model + AdamW-shaped state (params, exp_avg, exp_avg_sq) of about ``megabytes``."""
+    n = megabytes * (1 << 20) // 4 // 3 // 8
+    params = {f"layer{i}.weight": torch.randn(n) for i in range(8)}
+    moments = {k: {"exp_avg": torch.randn(n), "exp_avg_sq": torch.rand(n)} for k in params}
+    return {"engine": {"model": params, "optimizer": {"state": moments}}, "step": 1}
+
+
+def checkpoint_cost(root: Path, sizes_mb: list[int], repeats: int = 3) -> None:
+    staging = default_staging_dir("bench", root)
+    print(f"## checkpoint, 1 rank: staging {staging}, durable {root} (ext4)")
+    for megabytes in sizes_mb:
+        state = fake_state(megabytes)
+        stage, full, plain = [], [], []
+        for i in range(repeats):
+            ckpt = Checkpointer(
+                root / f"ckpt-{megabytes}", staging, Coordination(), keep=1, engine="ddp"
+            )
+            start = time.monotonic()
+            stage.append(ckpt.save(i + 1, state))
+            ckpt.wait()
+            full.append(time.monotonic() - start)  # stage + persist, as a synchronous save would
+            ckpt.close()
+            path = root / f"plain-{megabytes}.pt"
+            start = time.monotonic()
+            torch.save(state, path)
+            with path.open("rb+") as f:
+                os.fsync(f.fileno())
+            plain.append(time.monotonic() - start)
+        size = durable.hash_file(root / f"ckpt-{megabytes}" / f"step-{repeats}" / "rank-0.pt").size
+        s, f, p = (statistics.median(x) for x in (stage, full, plain))
+        print(
+            f"{size / 1e6:5.0f} MB: blocked {s:.3f} s; synchronous save {f:.3f} s "
+            f"(stage+copy+sha256+fsync+manifest) -> ratio {s / f:.3f}; "
+            f"plain torch.save+fsync {p:.3f} s -> ratio {s / p:.3f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60, help="steps per throughput run")
+    parser.add_argument("--control-steps", type=int, default=400)
+    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[200, 600])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    root = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
+    try:
+        throughput(root, args.steps)
+        control_cost(root, args.control_steps)
+        checkpoint_cost(root, args.sizes_mb)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
