@@ -67,8 +67,9 @@ class LeaseRecord(msgspec.Struct, kw_only=True):
 
 
 class Role(enum.StrEnum):
-    """follower → leader (acquired: key absent, or revision unchanged for ttl);
-    leader → follower (a renewal lost its compare-and-set, or none succeeded for 0.8 ttl)."""
+    """follower → leader (acquired: key absent or released, or revision unchanged for ttl);
+    leader → follower (released on shutdown, a renewal lost its compare-and-set, or none
+    succeeded for 0.8 ttl)."""
 
     FOLLOWER = "follower"
     LEADER = "leader"
@@ -113,7 +114,9 @@ class Election:
             self.holder = msgspec.json.decode(value, type=LeaseRecord).holder
         except msgspec.DecodeError:
             self.holder = None
-        if rev != self._seen_rev:
+        if not self.holder:
+            await self._acquire(now, rev)  # released by a leader that shut down cleanly
+        elif rev != self._seen_rev:
             # A record of ours from a previous life is waited out like anyone else's.
             self._seen_rev, self._seen_at = rev, now
         elif now - self._seen_at >= self.ttl:
@@ -146,6 +149,16 @@ class Election:
             if now - self._renewed_at >= 0.8 * self.ttl:
                 self._step_down()
             raise
+
+    async def release(self) -> None:
+        """Hand the lease over at once on a clean shutdown (no standby waits out the TTL)."""
+        if self.role is not Role.LEADER:
+            return
+        record = LeaseRecord(holder="", epoch=self.epoch, renewed_at=time.time())
+        try:
+            await self.store.update(LEASE_KEY, msgspec.json.encode(record), self._rev)
+        finally:
+            self._step_down()
 
     def _step_down(self) -> None:
         self.role = Role.FOLLOWER

@@ -181,7 +181,15 @@ class JobManager:
                 if job.state is JobState.CHECKPOINTING:
                     job.state = JobState.RUNNING
                 move_stall(job, stall)
-                await self.publish(JobCheckpointed(job=job.id, step=step, path=path, stall_s=stall))
+                await self.publish(
+                    JobCheckpointed(
+                        job=job.id,
+                        step=step,
+                        path=path,
+                        stall_s=stall,
+                        message=f"step {step} durable at {path} (training blocked {stall:.3f} s)",
+                    )
+                )
             case Finished(outcome=outcome, step=step):
                 job.finished, job.step = outcome, max(job.step, step)
                 for action in policy.all_exited(job):

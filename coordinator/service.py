@@ -93,9 +93,12 @@ class Coordinator:
         finally:
             await self._unlead()
             with contextlib.suppress(Exception):
+                await election.release()
+            with contextlib.suppress(Exception):
                 await buckets.members.delete(self.me)
             with contextlib.suppress(Exception):
-                await nc.drain()
+                # close, not drain: draining waits for pull subscriptions' open fetches.
+                await nc.close()
 
     async def publish(self, event: EventBase) -> None:
         await publish_event(self.js, self.cluster, event)
@@ -151,7 +154,8 @@ class Coordinator:
                 await sub.unsubscribe()
         for task in self._lead_tasks:
             task.cancel()
-        await asyncio.gather(*self._lead_tasks, return_exceptions=True)
+        if self._lead_tasks:
+            await asyncio.wait(self._lead_tasks, timeout=5)
         self._lead_subs, self._lead_tasks = [], []
 
     async def _consume(

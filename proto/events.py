@@ -72,6 +72,7 @@ class TopologyDegraded(EventBase, tag="topology.degraded"):
     gpu_b: int = 0
     expected: str = ""
     found: str = ""
+    recovered: bool = False  # True: the pair is back to what was expected
 
 
 class GpuThermal(EventBase, tag="gpu.thermal"):
@@ -94,6 +95,7 @@ class PcieDegraded(EventBase, tag="pcie.degraded"):
     rx_gbps: float = 0.0
     expected_gbps: float = 0.0
     replay_count: int = 0
+    recovered: bool = False  # True: the link is healthy again
 
 
 # -- storage --------------------------------------------------------------------------
@@ -125,6 +127,7 @@ class ClockDrift(EventBase, tag="clock.drift"):
     offset_ms: float = 0.0
     synced: bool = True
     source: str = ""
+    recovered: bool = False  # True: the clock is synchronised and within bounds again
 
 
 class ClockResynced(EventBase, tag="clock.resynced"):

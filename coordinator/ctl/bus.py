@@ -81,6 +81,9 @@ class Session:
 async def session(url: str, cluster: str) -> AsyncIterator[Session]:
     import nats
 
+    async def quiet(_: Exception) -> None:
+        """nats-py logs tracebacks by default; the CLI reports one line instead."""
+
     try:
         nc = await nats.connect(
             servers=url.split(","),
@@ -88,6 +91,7 @@ async def session(url: str, cluster: str) -> AsyncIterator[Session]:
             max_reconnect_attempts=1,
             allow_reconnect=False,
             name="coordinatorctl",
+            error_cb=quiet,
         )
     except (NoServersError, OSError, NatsError, TimeoutError) as exc:
         raise CtlError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None

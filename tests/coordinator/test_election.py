@@ -1,0 +1,151 @@
+"""Election: one contract suite every compare-and-set backend passes, and the handler's
+behaviour on the in-memory fake (time is a fake clock)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from coordinator.election import Conflict, Election, MemoryCasStore, Role
+from coordinator.embedded_nats import NatsServer
+from coordinator.kvstore import KvCasStore, ensure_layout
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[object]:
+    if request.param == "memory":
+        yield MemoryCasStore()
+        return
+    server: NatsServer = request.getfixturevalue("nats_server")
+    nc = await nats.connect(server.url)
+    buckets = await ensure_layout(nc.jetstream(), "test")
+    yield KvCasStore(buckets.leader)
+    await nc.close()
+
+
+async def test_create_is_exclusive(store) -> None:  # type: ignore[no-untyped-def]
+    rev = await store.create("k", b"a")
+    assert await store.get("k") == (b"a", rev)
+    with pytest.raises(Conflict):
+        await store.create("k", b"b")
+
+
+async def test_update_needs_the_current_revision(store) -> None:  # type: ignore[no-untyped-def]
+    rev = await store.create("k", b"a")
+    rev2 = await store.update("k", b"b", rev)
+    assert rev2 > rev
+    with pytest.raises(Conflict):
+        await store.update("k", b"c", rev)
+    assert await store.get("k") == (b"b", rev2)
+
+
+async def test_missing_key_reads_as_none(store) -> None:  # type: ignore[no-untyped-def]
+    assert await store.get("absent") is None
+    with pytest.raises(Conflict):
+        await store.update("absent", b"x", 5)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pair(ttl: float = 2.0) -> tuple[Election, Election, Clock, Clock]:
+    store = MemoryCasStore()
+    ca, cb = Clock(), Clock()
+    return Election(store, "a", ttl, ca), Election(store, "b", ttl, cb), ca, cb
+
+
+async def test_first_comer_leads_and_the_other_follows() -> None:
+    a, b, _, _ = pair()
+    assert await a.step() is Role.LEADER
+    assert await b.step() is Role.FOLLOWER
+    assert b.holder == "a"
+    assert a.epoch > 0
+
+
+async def test_standby_takes_over_only_after_ttl_of_silence() -> None:
+    a, b, _, cb = pair(ttl=2.0)
+    await a.step()
+    await b.step()
+    cb.now = 1.9
+    assert await b.step() is Role.FOLLOWER
+    await a.step()  # a renews: b must restart its count
+    cb.now = 3.5
+    assert await b.step() is Role.FOLLOWER
+    cb.now = 5.6
+    assert await b.step() is Role.LEADER
+    assert b.epoch > a.epoch
+
+
+async def test_deposed_leader_steps_down_on_its_next_renewal() -> None:
+    a, b, _, cb = pair(ttl=1.0)
+    await a.step()
+    await b.step()
+    cb.now = 1.5
+    await b.step()
+    assert b.role is Role.LEADER
+    assert await a.step() is Role.FOLLOWER
+    assert a.holder is None
+
+
+async def test_leader_that_cannot_renew_steps_down_before_ttl() -> None:
+    class Broken(MemoryCasStore):
+        fail = False
+
+        async def update(self, key: str, value: bytes, last: int) -> int:
+            if self.fail:
+                raise ConnectionError("bus down")
+            return await super().update(key, value, last)
+
+    store = Broken()
+    clock = Clock()
+    a = Election(store, "a", 2.0, clock)
+    await a.step()
+    store.fail = True
+    clock.now = 1.0
+    with pytest.raises(ConnectionError):
+        await a.step()
+    assert a.role is Role.LEADER
+    clock.now = 1.7
+    with pytest.raises(ConnectionError):
+        await a.step()
+    assert a.role is Role.FOLLOWER
+
+
+async def test_epochs_only_grow_across_terms() -> None:
+    a, b, ca, cb = pair(ttl=1.0)
+    seen: list[int] = []
+    leaders: list[tuple[Election, Clock]] = [(a, ca), (b, cb)]
+    await a.step()
+    seen.append(a.epoch)
+    for turn in range(4):
+        nxt, clock = leaders[(turn + 1) % 2]
+        await nxt.step()
+        clock.now += 1.5
+        await nxt.step()
+        assert nxt.role is Role.LEADER
+        seen.append(nxt.epoch)
+        prev, _ = leaders[turn % 2]
+        await prev.step()
+        assert prev.role is Role.FOLLOWER
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+
+
+async def test_a_released_lease_is_taken_at_once() -> None:
+    a, b, _, _ = pair(ttl=30.0)
+    await a.step()
+    await b.step()
+    first = a.epoch
+    await a.release()
+    assert a.role is Role.FOLLOWER
+    assert await b.step() is Role.LEADER
+    assert b.epoch > first
