@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
 from nodeagent.collectors.base import Roots
 
 NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,63}$")]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Count = Annotated[int, msgspec.Meta(ge=1)]
 
 
 class NvmeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -19,6 +22,24 @@ class NvmeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     recover_us: Annotated[float, msgspec.Meta(gt=0)] = 50.0
     hold_s: Annotated[float, msgspec.Meta(ge=0)] = 3.0
     devices: list[str] | None = None
+
+
+class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    interval_s: Positive = 1.0
+    topology_interval_s: Positive = 30.0
+    nvml_library: str | None = None  # a libnvidia-ml.so.1 by path; unset: the loader's search
+    warn_c: Positive = 85.0
+    critical_c: Positive = 92.0
+    hysteresis_c: NonNegative = 5.0
+    thermal_hold_s: NonNegative = 10.0
+    thermal_confirm: Count = 1
+    pcie_min_gbps: NonNegative = 0.0  # 0: no throughput floor
+    pcie_busy_pct: NonNegative = 80.0
+    pcie_replay_limit: Annotated[int, msgspec.Meta(ge=0)] = 8  # 0: replays not watched
+    pcie_confirm: Count = 2
+    pcie_hold_s: NonNegative = 10.0
+    expect_nvlink: Literal["all", "baseline", "none"] = "baseline"
+    topology_confirm: Count = 2
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -35,6 +56,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     nvme: NvmeSettings = msgspec.field(default_factory=NvmeSettings)
+    gpu: GpuSettings = msgspec.field(default_factory=GpuSettings)
 
     def roots(self) -> Roots:
         return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))

@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nodeagent.collectors.base import Collector
+from nodeagent.collectors.gpu import GpuCollector
+from nodeagent.collectors.gpu_topology import GpuTopologyCollector
 from nodeagent.collectors.nvme import NvmeLatencyCollector
+from nodeagent.collectors.nvml import NvmlSession
 from nodeagent.config import AgentConfig
 from nodeagent.detectors.base import Detector
+from nodeagent.detectors.gpu import GpuPcieDetector, GpuThermalDetector, GpuXidDetector
+from nodeagent.detectors.gpu_topology import GpuTopologyDetector
 from nodeagent.detectors.nvme import NvmeLatencyDetector
 
 
@@ -19,16 +24,45 @@ class Registered:
 
 def build(config: AgentConfig) -> list[Registered]:
     roots = config.roots()
-    nvme = config.nvme
+    node = config.node
+    nvme, gpu = config.nvme, config.gpu
+    nvml = NvmlSession(gpu.nvml_library)  # one per process: both GPU collectors share it
     return [
         Registered(
             NvmeLatencyCollector(roots, devices=nvme.devices, interval_s=nvme.interval_s),
             [
                 NvmeLatencyDetector(
-                    config.node,
-                    spike_us=nvme.spike_us,
-                    recover_us=nvme.recover_us,
-                    hold_s=nvme.hold_s,
+                    node, spike_us=nvme.spike_us, recover_us=nvme.recover_us, hold_s=nvme.hold_s
+                )
+            ],
+        ),
+        Registered(
+            GpuCollector(nvml, interval_s=gpu.interval_s),
+            [
+                GpuThermalDetector(
+                    node,
+                    warn_c=gpu.warn_c,
+                    critical_c=gpu.critical_c,
+                    hysteresis_c=gpu.hysteresis_c,
+                    hold_s=gpu.thermal_hold_s,
+                    confirm=gpu.thermal_confirm,
+                ),
+                GpuPcieDetector(
+                    node,
+                    min_gbps=gpu.pcie_min_gbps,
+                    busy_pct=gpu.pcie_busy_pct,
+                    replay_limit=gpu.pcie_replay_limit,
+                    confirm=gpu.pcie_confirm,
+                    hold_s=gpu.pcie_hold_s,
+                ),
+                GpuXidDetector(node),
+            ],
+        ),
+        Registered(
+            GpuTopologyCollector(nvml, interval_s=gpu.topology_interval_s),
+            [
+                GpuTopologyDetector(
+                    node, expect_nvlink=gpu.expect_nvlink, confirm=gpu.topology_confirm
                 )
             ],
         ),

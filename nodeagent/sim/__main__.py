@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cluster", required=True, help="cluster name in subjects")
     parser.add_argument("--tick", type=float, default=0.1, help="seconds between updates")
     parser.add_argument("--nvme-devices", type=int, default=2, help="NVMe namespaces per node")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per node (stub NVML)")
     parser.add_argument("--pidfile", type=Path, help="write this process's id here")
     args = parser.parse_args(argv)
     try:
@@ -79,7 +80,7 @@ def handle_inject(node: SimulatedNode, data: bytes) -> InjectReply:
 
 
 async def run(args: argparse.Namespace) -> None:
-    nodes = [SimulatedNode(args.root / n, n, args.nvme_devices) for n in args.nodes]
+    nodes = [SimulatedNode(args.root / n, n, args.nvme_devices, gpus=args.gpus) for n in args.nodes]
     for node in nodes:
         (node.root / ".ready").unlink(missing_ok=True)  # a marker left by an earlier run
         node.tick(args.tick)

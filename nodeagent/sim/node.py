@@ -15,10 +15,14 @@ from pathlib import Path
 from nodeagent.collectors.base import Roots
 from nodeagent.sim.faults import (
     ClearFault,
+    GpuTempFault,
+    LinkFault,
     NvmeLatencyFault,
     NvmeReadonlyFault,
+    PcieBwFault,
     parse_fault,
 )
+from nodeagent.sim.gpus import SimulatedGpus
 
 BASELINE_US = 20.0  # healthy datacentre NVMe under a training job's read load
 NOISE_US = 2.0  # ± per tick
@@ -62,12 +66,21 @@ class SimulatedNode:
     """``<root>/sys/block/nvme{i}n1/{stat,ro}`` and ``<root>/proc``, advanced by :meth:`tick`."""
 
     def __init__(
-        self, root: Path, node: str, nvme_devices: int = 2, *, seed: int | None = None
+        self,
+        root: Path,
+        node: str,
+        nvme_devices: int = 2,
+        *,
+        gpus: int = 0,
+        seed: int | None = None,
+        nvml_cache: Path | None = None,
     ) -> None:
         self.root = root
         self.node = node
         self.roots = Roots(sysfs=root / "sys", procfs=root / "proc")
         self._rng = random.Random(seed)
+        cache = nvml_cache or root.parent / ".nvml-cache"
+        self.gpus = SimulatedGpus(root / "nvml", gpus, cache, self._rng) if gpus else None
         self._latency: dict[str | None, NvmeLatencyFault] = {}  # None: all devices
         self._readonly: NvmeReadonlyFault | None = None
         self._disks: dict[str, _Disk] = {}
@@ -96,6 +109,8 @@ class SimulatedNode:
         for disk in self._disks.values():
             self._advance(disk, dt)
             _write(disk.dir / "stat", disk.stat_line())
+        if self.gpus is not None:
+            self.gpus.tick(dt)
 
     def _advance(self, disk: _Disk, dt: float) -> None:
         rng = self._rng
@@ -134,10 +149,19 @@ class SimulatedNode:
         elif isinstance(parsed, NvmeReadonlyFault):
             self._readonly = parsed if parsed.readonly else None
             self._set_readonly(parsed.readonly)
+        elif isinstance(parsed, GpuTempFault | PcieBwFault | LinkFault):
+            if self.gpus is None:
+                raise ValueError(f"{self.node} has no GPUs")
+            try:
+                self.gpus.apply(parsed)
+            except ValueError as exc:
+                raise ValueError(f"{self.node}: {exc}") from None
         elif isinstance(parsed, ClearFault):
             self._latency = {}
             self._readonly = None
             self._set_readonly(False)
+            if self.gpus is not None:
+                self.gpus.clear()
         else:
             name = fault.strip().partition("=")[0]
             raise ValueError(f"fault {name} is not simulated yet")
@@ -150,7 +174,8 @@ class SimulatedNode:
     def faults(self) -> list[str]:
         """The active faults in their canonical inject form."""
         active = [str(f) for f in self._latency.values()]
-        return active + ([str(self._readonly)] if self._readonly else [])
+        active += [str(self._readonly)] if self._readonly else []
+        return active + (self.gpus.faults() if self.gpus is not None else [])
 
 
 def _write(path: Path, text: str) -> None:

@@ -20,6 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from gpu_stub import GpuNode
+
+from nodeagent.sim import nvml_stub
+from nodeagent.sim.nvml_state import hgx
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REPO = FIXTURES.parent.parent
@@ -100,3 +104,30 @@ def _client_url(server: subprocess.Popen[bytes], ports_file: Path) -> str:
             assert server.poll() is None, "nats-server exited at start"
             assert time.monotonic() < deadline, "nats-server wrote no ports file"
             time.sleep(0.02)
+
+
+# -- the stub NVML library ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def nvml_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the stub library is compiled, once per test session."""
+    cache = tmp_path_factory.mktemp("nvml-cache")
+    try:
+        nvml_stub.build(cache)
+    except nvml_stub.StubBuildError as exc:
+        pytest.skip(f"cannot build the NVML stub: {exc}")
+    return cache
+
+
+@pytest.fixture
+def gpu_node(tmp_path: Path, nvml_cache: Path) -> Iterator[GpuNode]:
+    """Eight idle GPUs of an HGX-like board behind the stub library."""
+    directory = tmp_path / "nvml"
+    nvml_stub.install(directory, nvml_cache)
+    node = GpuNode(directory, hgx(8))
+    node.write()
+    try:
+        yield node
+    finally:
+        node.close()

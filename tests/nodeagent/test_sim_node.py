@@ -111,7 +111,7 @@ def test_latency_is_accurate_over_short_windows(clock: Clock) -> None:
     ("fault", "message"),
     [
         ("nvme-latency=500@nvme7n1", "node-0 has no device nvme7n1 (it has nvme0n1, nvme1n1)"),
-        ("gpu-temp=95", "fault gpu-temp is not simulated yet"),
+        ("gpu-temp=95", "node-0 has no GPUs"),
         ("kill-agent", "fault kill-agent is not simulated yet"),
         ("nvme-readonly=maybe", "expected nvme-readonly=on|off"),
     ],

@@ -1,0 +1,99 @@
+"""Topology events from ``gpu_topology`` samples: the matrix, and degraded GPU pairs.
+
+A pair expected on NVLink that is found on PCIe (or with fewer links) makes all-reduce
+over it several times slower, so the coordinator refuses such a node at admission and
+raises a critical event at run time. What is expected comes from ``expect_nvlink``:
+
+* ``all``: every pair on NVLink (HGX/DGX boards), from the first sample on;
+* ``baseline``: the pairs on NVLink in the first complete matrix, with at least as many
+  links (a node that boots degraded is not caught; use ``all`` where boards are uniform);
+* ``none``: no expectation; only the ``topology`` matrix is published.
+"""
+
+from __future__ import annotations
+
+import re
+
+from nodeagent.collectors.base import Sample
+from nodeagent.collectors.gpu_topology import render
+from nodeagent.detectors.latch import Change, Latch
+from proto.events import EventBase, Severity, Topology, TopologyDegraded
+
+EXPECTATIONS = ("all", "baseline", "none")
+_NV = re.compile(r"NV(\d+)")
+
+
+def nvlinks(cell: str) -> int:
+    match = _NV.fullmatch(cell)
+    return int(match[1]) if match else 0
+
+
+class GpuTopologyDetector:
+    collector = "gpu_topology"
+
+    def __init__(self, node: str, *, expect_nvlink: str = "baseline", confirm: int = 2) -> None:
+        if expect_nvlink not in EXPECTATIONS:
+            raise ValueError(f"expect_nvlink must be one of {EXPECTATIONS}")
+        self.node = node
+        self.expect_nvlink = expect_nvlink
+        self.confirm = confirm
+        self._matrix: list[list[str]] | None = None
+        self._expected: dict[tuple[int, int], str] | None = None
+        self._latches: dict[tuple[int, int], Latch] = {}
+
+    def observe(self, sample: Sample) -> list[EventBase]:
+        labels: list[str] = sample.values.get("gpus", [])
+        matrix: list[list[str]] = sample.values.get("matrix", [])
+        events: list[EventBase] = []
+        if matrix != self._matrix:
+            self._matrix = matrix
+            events.append(
+                Topology(
+                    node=self.node,
+                    gpus=labels,
+                    matrix=matrix,
+                    message=f"GPU topology of {len(labels)} GPUs\n{render(labels, matrix)}",
+                )
+            )
+        expected = self._expectation(matrix)
+        for (a, b), want in sorted(expected.items()):
+            found = matrix[a][b] if a < len(matrix) and b < len(matrix) else "?"
+            latch = self._latches.setdefault((a, b), Latch(confirm=self.confirm))
+            bad = None if found == "?" else nvlinks(found) < max(1, nvlinks(want))
+            change = latch.update(bad, sample.time)
+            if change is not None:
+                events.append(self._event(a, b, want, found, change))
+        return events
+
+    def _expectation(self, matrix: list[list[str]]) -> dict[tuple[int, int], str]:
+        if self._expected is None:
+            pairs = [(a, b) for a in range(len(matrix)) for b in range(a + 1, len(matrix))]
+            if self.expect_nvlink == "all":
+                self._expected = dict.fromkeys(pairs, "NV")
+            elif self.expect_nvlink == "none":
+                self._expected = {}
+            elif any(matrix[a][b] == "?" for a, b in pairs):
+                return {}  # a baseline needs every pair
+            else:
+                self._expected = {
+                    p: matrix[p[0]][p[1]] for p in pairs if nvlinks(matrix[p[0]][p[1]])
+                }
+        return self._expected
+
+    def _event(self, a: int, b: int, want: str, found: str, change: Change) -> TopologyDegraded:
+        recovered = change is Change.CLEARED
+        message = (
+            f"GPU{a}-GPU{b} back on {found}"
+            if recovered
+            else f"GPU{a}-GPU{b} on {found}, expected {want if want != 'NV' else 'NVLink'}"
+        )
+        return TopologyDegraded(
+            severity=Severity.INFO if recovered else Severity.CRITICAL,
+            node=self.node,
+            gpu_a=a,
+            gpu_b=b,
+            expected=want,
+            found=found,
+            recovered=recovered,
+            message=message,
+        )
