@@ -141,13 +141,17 @@ def checkpoint_cost(root: Path, sizes_mb: list[int], repeats: int = 3) -> None:
     print(f"## checkpoint, 1 rank: staging {staging}, durable {root} (ext4)")
     for megabytes in sizes_mb:
         state = fake_state(megabytes)
+
+        def write(directory: Path, state: dict[str, object] = state) -> None:
+            torch.save(state, directory / "rank-0.pt")
+
         stage, full, plain = [], [], []
         for i in range(repeats):
             ckpt = Checkpointer(
                 root / f"ckpt-{megabytes}", staging, Coordination(), keep=1, engine="ddp"
             )
             start = time.monotonic()
-            stage.append(ckpt.save(i + 1, state))
+            stage.append(ckpt.save(i + 1, write))
             ckpt.wait()
             full.append(time.monotonic() - start)  # stage + persist, as a synchronous save would
             ckpt.close()

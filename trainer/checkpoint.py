@@ -1,20 +1,22 @@
 """Two-stage checkpoints: the loop blocks only to stage state in RAM; a background thread
 makes it durable.
 
-Stage: each rank ``torch.save``\\ s its state (model, optimizer, step, RNG) into the staging
-dir (``/dev/shm`` by default), a private copy the next optimizer step cannot touch.
+Stage: each rank writes its files (whatever its engine saves, plus the trainer's step and
+RNG) into its own staging dir (``/dev/shm`` by default): a private copy the next optimizer
+step cannot touch.
 
-Persist, in one background thread per rank: copy the staged shard into
-``<dir>/step-<N>/rank-<r>.pt`` (hashed while copying, fsynced), then gather every rank's
-(sha256, size) over a dedicated gloo group; rank 0 writes the manifest and moves
+Persist, in one background thread per rank: copy the staged files into
+``<dir>/step-<N>/`` (hashed while copying, fsynced), then gather every rank's file list
+with sha256 and sizes over a dedicated gloo group; rank 0 writes the manifest and moves
 ``latest`` (:func:`trainer.durable.commit`) only if every rank succeeded, prunes old
 checkpoints and reports the checkpoint. A separate process group keeps these collectives
 from interleaving with the training loop's. One persist at a time: staging the next waits
 for the previous, and that wait counts as stall.
 
-Resume: every rank checks the candidates (``latest`` first, then older) against the
-manifest, and the ranks agree (all-reduce MIN) on the newest one valid for all of them, so
-a partial or corrupt checkpoint is never loaded and no two ranks load different steps.
+Resume: every rank checks the files it needs in each candidate (``latest`` first, then
+older) against the manifest, and the ranks agree (all-reduce MIN) on the newest one valid
+for all of them, so a partial or corrupt checkpoint is never loaded and no two ranks load
+different steps.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -36,6 +39,7 @@ import torch.distributed as dist
 from trainer import durable
 
 OnDurable = Callable[[int, Path, float], None]
+Stage = Callable[[Path], None]  # writes this rank's checkpoint files into an empty dir
 
 
 def default_staging_dir(job_id: str, workdir: Path) -> Path:
@@ -95,26 +99,27 @@ class Checkpointer:
         self.engine = engine
         self.on_durable = on_durable
         self.persist_delay_s = persist_delay_s  # test hook: widens the window for a kill
-        self.shard = durable.shard_name(coord.rank)
-        self.staged = staging / self.shard
+        self.staging = staging / f"rank-{coord.rank}"
         self.last_step: int | None = None  # newest step staged (or resumed from)
         self.last_stall_s = 0.0
         self.durable_step: int | None = None  # newest step this rank knows is committed
         self._thread: threading.Thread | None = None
         root.mkdir(parents=True, exist_ok=True)
-        staging.mkdir(parents=True, exist_ok=True)
 
-    def save(self, step: int, state: dict[str, Any]) -> float:
-        """Stage ``state`` as step ``step`` and start persisting it; returns the seconds the
-        caller was blocked. Saving the step already staged just waits for it to be durable
-        and reports it again (an on-demand checkpoint right after a periodic one)."""
+    def save(self, step: int, stage: Stage) -> float:
+        """Stage step ``step`` (``stage`` writes the files) and start persisting it; returns
+        the seconds the caller was blocked. Saving the step already staged just waits for it
+        to be durable and reports it again (an on-demand checkpoint right after a periodic
+        one)."""
         start = time.monotonic()
         self.wait()
         if step == self.last_step:
             stall = time.monotonic() - start
             self._announce(step, stall)
             return stall
-        torch.save(state, self.staged)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir(parents=True)
+        stage(self.staging)
         stall = time.monotonic() - start
         self.last_step, self.last_stall_s = step, stall
         self._thread = threading.Thread(
@@ -132,27 +137,27 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the last persist, then drop this rank's staged copy."""
         self.wait()
+        shutil.rmtree(self.staging, ignore_errors=True)
         with contextlib.suppress(OSError):
-            self.staged.unlink()
-        with contextlib.suppress(OSError):
-            self.staged.parent.rmdir()  # only once every rank on the node has left
+            self.staging.parent.rmdir()  # only once every rank on the node has left
 
     def _persist(self, step: int, stall: float) -> None:
         step_dir = self.root / durable.step_dir_name(step)
-        entry: durable.FileEntry | None = None
+        entries: dict[str, durable.FileEntry] | None = None
         try:
-            step_dir.mkdir(parents=True, exist_ok=True)
-            entry = durable.copy_and_hash(self.staged, step_dir / self.shard)
+            entries = durable.copy_tree(self.staging, step_dir)
         except OSError as exc:
             print(f"trainer: persist of step {step} failed: {exc}", file=sys.stderr, flush=True)
         if self.persist_delay_s:
             time.sleep(self.persist_delay_s)
-        entries = self.coord.all_gather((self.shard, entry))
-        if any(e is None for _, e in entries):
+        gathered: list[dict[str, durable.FileEntry] | None] = self.coord.all_gather(entries)
+        if any(e is None for e in gathered):
             return  # some rank failed: leave the dir unsealed, ``latest`` where it was
         if self.coord.rank == 0:
+            ranks = {str(r): sorted(e) for r, e in enumerate(gathered) if e is not None}
+            files = {name: entry for e in gathered if e is not None for name, entry in e.items()}
             try:
-                durable.commit(self.root, step, self.coord.world_size, self.engine, dict(entries))
+                durable.commit(self.root, step, self.coord.world_size, self.engine, files, ranks)
                 durable.prune(self.root, self.keep)
             except OSError as exc:
                 print(f"trainer: commit of step {step} failed: {exc}", file=sys.stderr, flush=True)
@@ -165,26 +170,29 @@ class Checkpointer:
             self.on_durable(step, self.root / durable.step_dir_name(step), stall)
 
 
-ShardChooser = Callable[[durable.Manifest], str | None]
+FileChooser = Callable[[durable.Manifest], list[str] | None]
 
 
-def find_resumable(root: Path, coord: Coordination, choose: ShardChooser) -> Path | None:
-    """The shard this rank resumes from: in the newest step dir whose manifest holds, for
-    every rank, the shard ``choose`` names for it (its own, or a replica) and that shard
-    verifies. None: no usable checkpoint, start fresh."""
+def find_resumable(
+    root: Path, coord: Coordination, choose: FileChooser
+) -> tuple[durable.Manifest, Path] | None:
+    """The newest checkpoint every rank can use: for each candidate step dir, ``choose``
+    names the files this rank needs (None: it cannot use that checkpoint), each rank
+    verifies its files against the manifest, and the ranks agree. Returns the manifest and
+    step dir, or None to start fresh."""
     names: list[str] = coord.broadcast(durable.candidates(root) if coord.rank == 0 else None)
     for name in names:
         step_dir = root / name
         manifest = durable.read_manifest(step_dir)
-        shard, ok = None, False
+        ok = False
         if manifest is not None and manifest.step == durable.parse_step(name):
-            shard = choose(manifest)
-            ok = shard is not None and durable.verify(step_dir, manifest, shard)
-        if coord.all_true(ok) and shard is not None:
-            return step_dir / shard
+            files = choose(manifest)
+            ok = files is not None and all(durable.verify(step_dir, manifest, f) for f in files)
+        if coord.all_true(ok) and manifest is not None:
+            return manifest, step_dir
     return None
 
 
-def load_shard(path: Path) -> dict[str, Any]:
+def load_file(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     return state

@@ -3,11 +3,12 @@
 ::
 
     <checkpoint.dir>/
-        step-<N>/rank-<r>.pt   one shard per rank, fsynced
-        step-<N>/manifest.json sha256 and size of every shard, written last
+        step-<N>/...           each rank's files (``rank-<r>.pt``, ``trainer-rank-<r>.pt``,
+                               an engine's own layout), fsynced
+        step-<N>/manifest.json sha256 and size of every file, which rank wrote it; last
         latest                 the name of the newest complete step dir, replaced atomically
 
-A step dir counts only once its manifest exists and every shard matches it, so a crash at
+A step dir counts only once its manifest exists and every file matches it, so a crash at
 any moment leaves at worst an incomplete dir that resume skips. Plain filesystem code with
 no torch, so the coordinator or an operator's script can check checkpoints the same way.
 """
@@ -38,7 +39,8 @@ class Manifest(msgspec.Struct, kw_only=True):
     world_size: int
     engine: str
     created: float
-    files: dict[str, FileEntry]
+    files: dict[str, FileEntry]  # path relative to the step dir -> checksum
+    ranks: dict[str, list[str]] = {}  # rank -> the files it wrote
 
 
 def step_dir_name(step: int) -> str:
@@ -52,6 +54,10 @@ def parse_step(name: str) -> int | None:
 
 def shard_name(rank: int) -> str:
     return f"rank-{rank}.pt"
+
+
+def trainer_file(rank: int) -> str:
+    return f"trainer-rank-{rank}.pt"
 
 
 def fsync_dir(path: Path) -> None:
@@ -89,6 +95,19 @@ def copy_and_hash(src: Path, dst: Path) -> FileEntry:
     return FileEntry(sha256=digest.hexdigest(), size=size)
 
 
+def copy_tree(src: Path, dst: Path) -> dict[str, FileEntry]:
+    """Copy every file under ``src`` into ``dst`` (merging with what other ranks put
+    there), fsyncing files and directories; returns the entries by relative path."""
+    entries = {}
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        rel = path.relative_to(src)
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        entries[rel.as_posix()] = copy_and_hash(path, dst / rel)
+    for parent in {(dst / rel).parent for rel in entries}:
+        fsync_dir(parent)
+    return entries
+
+
 def hash_file(path: Path) -> FileEntry:
     digest = hashlib.sha256()
     size = 0
@@ -100,13 +119,23 @@ def hash_file(path: Path) -> FileEntry:
 
 
 def commit(
-    root: Path, step: int, world_size: int, engine: str, files: dict[str, FileEntry]
+    root: Path,
+    step: int,
+    world_size: int,
+    engine: str,
+    files: dict[str, FileEntry],
+    ranks: dict[str, list[str]],
 ) -> Path:
     """Seal ``step-<step>``: write its manifest, then point ``latest`` at it."""
     step_dir = root / step_dir_name(step)
-    fsync_dir(step_dir)  # the shards' directory entries, before the manifest vouches for them
+    fsync_dir(step_dir)
     manifest = Manifest(
-        step=step, world_size=world_size, engine=engine, created=time.time(), files=files
+        step=step,
+        world_size=world_size,
+        engine=engine,
+        created=time.time(),
+        files=files,
+        ranks=ranks,
     )
     _write_atomic(step_dir / MANIFEST, msgspec.json.encode(manifest))
     _write_atomic(root / LATEST, step_dir.name.encode())
@@ -121,7 +150,7 @@ def read_manifest(step_dir: Path) -> Manifest | None:
 
 
 def verify(step_dir: Path, manifest: Manifest, name: str) -> bool:
-    """Whether shard ``name`` is listed in ``manifest`` and matches its size and sha256."""
+    """Whether file ``name`` is listed in ``manifest`` and matches its size and sha256."""
     expected = manifest.files.get(name)
     path = step_dir / name
     try:

@@ -8,7 +8,8 @@ shard a rank needs on resume.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from proto.job import TrainSection
 from trainer import durable
+from trainer.checkpoint import load_file
 from trainer.model import lm_loss
 from trainer.precision import Precision, autocast_context
 
@@ -29,20 +31,25 @@ class Engine(Protocol):
         """One optimizer step; returns the loss averaged over all ranks."""
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def stage(self, directory: Path) -> None:
+        """Write this rank's model and optimizer state into ``directory``."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
+        """The files of a checkpoint this rank verifies and loads; None if it cannot use
+        that checkpoint (another engine, or a layout this world size cannot load)."""
+        ...
 
-    def shard_for(self, manifest: durable.Manifest) -> str | None:
-        """Which shard of a checkpoint this rank loads; None if it cannot use it."""
+    def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
+        """Restore the state :meth:`stage` wrote, from a verified checkpoint."""
         ...
 
 
 class DDPEngine:
     """DistributedDataParallel + AdamW, gradients clipped by global norm.
 
-    Parameters and optimizer state are replicated, so each rank's shard is a full copy: a
-    job resumed with a different world size loads rank 0's.
+    Parameters and optimizer state are replicated, so each rank's ``rank-<r>.pt`` is a full
+    copy: a job resumed with a different world size loads rank 0's.
     """
 
     name = "ddp"
@@ -79,15 +86,19 @@ class DDPEngine:
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         return mean.item() / self.world_size
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+    def stage(self, directory: Path) -> None:
+        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        torch.save(state, directory / durable.shard_name(self.rank))
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def shard_for(self, manifest: durable.Manifest) -> str | None:
+    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         if manifest.engine != self.name:
             return None
-        own = durable.shard_name(self.rank)
-        return own if manifest.world_size == self.world_size else durable.shard_name(0)
+        rank = self.rank if manifest.world_size == self.world_size else 0
+        return [durable.shard_name(rank)]
+
+    def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
+        files = self.files_for(manifest)
+        assert files is not None
+        state = load_file(step_dir / files[0])
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])

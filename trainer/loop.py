@@ -18,8 +18,9 @@ import torch
 
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Paused, Progress, Resumed, StepDone
+from trainer import durable
 from trainer.agent_link import AgentLink
-from trainer.checkpoint import Checkpointer, find_resumable, load_shard
+from trainer.checkpoint import Checkpointer, find_resumable, load_file
 from trainer.control import PAUSE_POLL_S, Action, StepControl
 from trainer.data import Batches
 from trainer.engine import Engine
@@ -69,19 +70,30 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest checkpoint every rank can verify, if there is one."""
-        coord = self.checkpointer.coord
-        shard = find_resumable(self.checkpointer.root, coord, self.engine.shard_for)
-        if shard is None:
+        found = find_resumable(self.checkpointer.root, self.checkpointer.coord, self._files_for)
+        if found is None:
             self.log("fresh_start")
             return
-        state = load_shard(shard)
-        self.engine.load_state_dict(state["engine"])
+        manifest, step_dir = found
+        self.engine.load(step_dir, manifest)
+        files = self._files_for(manifest)
+        assert files is not None
+        state = load_file(step_dir / files[-1])
         torch.set_rng_state(state["rng"]["cpu"])
         if torch.cuda.is_available() and "cuda" in state["rng"]:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.step = state["step"]
         self.checkpointer.last_step = self.checkpointer.durable_step = self.step
-        self.log("resumed_from", step=self.step, path=shard.parent)
+        self.log("resumed_from", step=self.step, path=step_dir)
+
+    def _files_for(self, manifest: durable.Manifest) -> list[str] | None:
+        """The engine's files plus this rank's trainer state (rank 0's, when the world size
+        changed: the step is the same on every rank)."""
+        engine_files = self.engine.files_for(manifest)
+        if engine_files is None:
+            return None
+        same_world = manifest.world_size == self.batches.layout.world_size
+        return [*engine_files, durable.trainer_file(self.rank if same_world else 0)]
 
     def run(self) -> Outcome:
         """Train to the target step or until stopped; the outcome, once its final
@@ -147,14 +159,15 @@ class Trainer:
         )
 
     def _checkpoint(self) -> None:
-        stall = self.checkpointer.save(self.step, self._state())
+        stall = self.checkpointer.save(self.step, self._stage)
         self.log("checkpoint_staged", step=self.step, stall_s=stall)
 
-    def _state(self) -> dict[str, Any]:
+    def _stage(self, directory: Path) -> None:
+        self.engine.stage(directory)
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {"engine": self.engine.state_dict(), "step": self.step, "rng": rng}
+        torch.save({"step": self.step, "rng": rng}, directory / durable.trainer_file(self.rank))
 
     def _durable(self, step: int, path: Path, stall_s: float) -> None:
         """Called (rank 0, persist thread) once step ``step`` is committed."""

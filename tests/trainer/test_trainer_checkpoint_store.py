@@ -9,11 +9,16 @@ import pytest
 import torch
 
 from trainer import durable
-from trainer.checkpoint import Checkpointer, Coordination, find_resumable, load_shard
+from trainer.checkpoint import Checkpointer, Coordination, Stage, find_resumable, load_file
 
 
-def own_shard(manifest: durable.Manifest) -> str:
-    return durable.shard_name(0)
+def own_files(manifest: durable.Manifest) -> list[str]:
+    return ["rank-0.pt"]
+
+
+def resumes_from(root: Path) -> str | None:
+    found = find_resumable(root, Coordination(), own_files)
+    return found[1].name if found else None
 
 
 def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, Path, float]]]:
@@ -29,8 +34,15 @@ def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, P
     return ckpt, reported
 
 
-def state(step: int) -> dict[str, object]:
-    return {"step": step, "weights": torch.full((64,), float(step))}
+def state(step: int) -> Stage:
+    """A stage function writing one file, as a DDP rank does."""
+
+    def stage(directory: Path) -> None:
+        torch.save(
+            {"step": step, "weights": torch.full((64,), float(step))}, directory / "rank-0.pt"
+        )
+
+    return stage
 
 
 def test_save_seals_manifest_moves_latest_and_prunes(tmp_path: Path) -> None:
@@ -44,11 +56,13 @@ def test_save_seals_manifest_moves_latest_and_prunes(tmp_path: Path) -> None:
     manifest = durable.read_manifest(root / "step-30")
     assert manifest is not None and manifest.step == 30 and manifest.world_size == 1
     assert durable.verify(root / "step-30", manifest, "rank-0.pt")
+    assert manifest.ranks == {"0": ["rank-0.pt"]}
     assert [r[0] for r in reported] == [10, 20, 30]
     assert not (tmp_path / "staging").exists()  # the staged copy is dropped on close
-    shard = find_resumable(root, Coordination(), own_shard)
-    assert shard == root / "step-30" / "rank-0.pt"
-    assert torch.equal(load_shard(shard)["weights"], torch.full((64,), 30.0))
+    assert resumes_from(root) == "step-30"
+    assert torch.equal(
+        load_file(root / "step-30" / "rank-0.pt")["weights"], torch.full((64,), 30.0)
+    )
 
 
 def test_saving_the_same_step_again_reports_it_without_rewriting(tmp_path: Path) -> None:
@@ -86,30 +100,26 @@ def test_corrupt_or_partial_checkpoints_are_skipped(tmp_path: Path) -> None:
     ckpt.close()
     root = tmp_path / "ckpt"
 
-    def resumes_from() -> str | None:
-        shard = find_resumable(root, Coordination(), own_shard)
-        return shard.parent.name if shard else None
-
     # a persist that died before its manifest, newer than latest: ignored
     (root / "step-9").mkdir()
     (root / "step-9" / "rank-0.pt").write_bytes(b"partial")
-    assert resumes_from() == "step-4"
+    assert resumes_from(root) == "step-4"
     # a shard whose bytes changed (same size): caught by the checksum
     shard = root / "step-4" / "rank-0.pt"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert resumes_from() == "step-3"
+    assert resumes_from(root) == "step-3"
     # a corrupt manifest
     (root / "step-3" / "manifest.json").write_text("{not json")
-    assert resumes_from() == "step-2"
+    assert resumes_from(root) == "step-2"
     # a truncated shard
     shard = root / "step-2" / "rank-0.pt"
     shard.write_bytes(shard.read_bytes()[:100])
-    assert resumes_from() == "step-1"
+    assert resumes_from(root) == "step-1"
     # a missing shard
     (root / "step-1" / "rank-0.pt").unlink()
-    assert resumes_from() is None
+    assert resumes_from(root) is None
 
 
 def test_without_latest_every_sealed_dir_is_a_candidate(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import torch
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from trainer import durable
-from trainer.checkpoint import Coordination, find_resumable, load_shard
+from trainer.checkpoint import Coordination, find_resumable, load_file
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -67,8 +67,8 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(
         assert [t["step"] for t in a] == list(range(10))  # trace steps are 0-based
         assert [t["ids"] for t in a] == [t["ids"] for t in b]  # same samples after resume
         assert [t["loss"] for t in a] == [t["loss"] for t in b]  # bit-identical losses
-    final_a = load_shard(tmp_path / "a" / "step-10" / "rank-0.pt")["engine"]
-    final_b = load_shard(tmp_path / "b" / "step-10" / "rank-0.pt")["engine"]
+    final_a = load_file(tmp_path / "a" / "step-10" / "rank-0.pt")
+    final_b = load_file(tmp_path / "b" / "step-10" / "rank-0.pt")
     for name, tensor in final_b["model"].items():
         assert torch.equal(final_a["model"][name], tensor), name
     state_a, state_b = final_a["optimizer"]["state"], final_b["optimizer"]["state"]
@@ -93,9 +93,9 @@ def test_kill_during_persist_keeps_previous_checkpoint(
     assert ranks.wait() == [-9, -9]
     assert durable.read_latest(root) == "step-3"
     assert durable.read_manifest(root / "step-6") is None
-    shard = find_resumable(root, Coordination(), lambda m: durable.shard_name(0))
-    assert shard == root / "step-3" / "rank-0.pt"
-    assert load_shard(shard)["step"] == 3
+    found = find_resumable(root, Coordination(), lambda m: ["rank-0.pt", "trainer-rank-0.pt"])
+    assert found is not None and found[1] == root / "step-3"
+    assert load_file(root / "step-3" / "trainer-rank-0.pt")["step"] == 3
     # a fresh launch resumes from step 3 and completes, sealing step 6 this time
     again = launch(make_spec(train={"steps": 6}))
     assert again.wait() == [0, 0]
@@ -149,7 +149,9 @@ def test_stop_checkpoints_and_exits_zero(tmp_path: Path, launch: Any, make_spec:
     root = tmp_path / "ckpt"
     assert durable.read_latest(root) == f"step-{finished.step}"
     manifest = durable.read_manifest(root / f"step-{finished.step}")
-    assert manifest is not None and sorted(manifest.files) == ["rank-0.pt", "rank-1.pt"]
+    assert manifest is not None and manifest.ranks == {
+        str(r): [f"rank-{r}.pt", f"trainer-rank-{r}.pt"] for r in (0, 1)
+    }
     for rank in (0, 1):
         assert ranks.events(rank, "finished")[0]["outcome"] == "stopped"
     agent.close()
