@@ -14,7 +14,7 @@ import msgspec
 
 from nodeagent.config import AgentConfig, ConfigError, load
 from nodeagent.registry import build
-from nodeagent.sampling import run_once
+from nodeagent.sampling import close_all, run_once
 from proto import ensure_ours
 from ringmaster.log import configure
 
@@ -54,6 +54,7 @@ def sample_all(config: AgentConfig) -> dict[str, object]:
             "error": status.error,
             "values": msgspec.to_builtins(sample.values) if sample else None,
         }
+    close_all(entries)
     return out
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from nodeagent.collectors.base import Roots
+from nodeagent.collectors.nvme_smart import DEFAULT_COMMAND as DEFAULT_SMART
 
 NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,63}$")]
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -22,6 +23,12 @@ class NvmeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     recover_us: Annotated[float, msgspec.Meta(gt=0)] = 50.0
     hold_s: Annotated[float, msgspec.Meta(ge=0)] = 3.0
     devices: list[str] | None = None
+    udev: bool = True  # live DISK_RO change uevents
+    udev_source: Literal["auto", "udev", "kernel"] = "auto"
+    udev_devices: str = r"nvme\d+n\d+"  # which block devices' uevents count (a regex)
+    smart_interval_s: Positive = 60.0
+    smart_command: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_SMART))
+    smart_timeout_s: Positive = 10.0
 
 
 class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -17,7 +17,7 @@ from nodeagent.commands import CommandHandler
 from nodeagent.config import AgentConfig, detect_addr
 from nodeagent.outbox import Outbox
 from nodeagent.registry import Registered, build
-from nodeagent.sampling import run_once_async, summarize
+from nodeagent.sampling import Health, close_all, pause, run_once_async, summarize
 from nodeagent.supervisor import Supervisor
 from proto import subjects
 from proto.codec import encode
@@ -36,12 +36,14 @@ class Agent:
         self.run_dir = Path(config.run_dir)
         self.addr = config.advertise_addr or detect_addr(config.nats)
         self.telemetry = Telemetry()
+        self.health = Health(self.telemetry)
         self.statuses: dict[str, CollectorStatus] = {}
         self.registered: list[Registered] = build(config)
         self._outbox: Outbox | None = None
         self.supervisor = Supervisor(self.node, self.run_dir, self.emit, self._progress)
 
     async def emit(self, event: EventBase) -> None:
+        self.health.observe(event)
         if self._outbox is None:
             return
         if event.node is None:
@@ -87,12 +89,13 @@ class Agent:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            close_all(self.registered)
             await self.supervisor.close()
             with contextlib.suppress(Exception):
                 await nc.drain()
 
     def _gpus(self) -> int:
-        return self.config.gpus if self.config.gpus is not None else 0
+        return self.config.gpus if self.config.gpus is not None else len(self.telemetry.gpus)
 
     async def _sample_loop(self, entry: Registered) -> None:
         interval = entry.collector.interval_s
@@ -106,7 +109,7 @@ class Agent:
                     for event in detector.observe(sample):
                         log.info("event", kind=type(event).__struct_config__.tag, msg=event.message)
                         await self.emit(event)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            await pause(entry.collector, max(0.0, interval - (time.monotonic() - started)))
 
     async def _heartbeat_loop(self, nc: Client) -> None:
         seq = 0
@@ -123,6 +126,8 @@ class Agent:
                 cpus=0 if self.config.simulated else (os.cpu_count() or 0),
                 simulated=self.config.simulated,
                 interval_s=self.config.heartbeat_s,
+                preflight_ok=self.health.preflight_ok,
+                topology_ok=self.health.topology_ok,
                 telemetry=self.telemetry,
                 collectors=list(self.statuses.values()),
                 jobs=self.supervisor.jobs(),

@@ -8,12 +8,15 @@ from nodeagent.collectors.base import Collector
 from nodeagent.collectors.gpu import GpuCollector
 from nodeagent.collectors.gpu_topology import GpuTopologyCollector
 from nodeagent.collectors.nvme import NvmeLatencyCollector
+from nodeagent.collectors.nvme_smart import NvmeSmartCollector
+from nodeagent.collectors.nvme_udev import NvmeUdevCollector
 from nodeagent.collectors.nvml import NvmlSession
 from nodeagent.config import AgentConfig
 from nodeagent.detectors.base import Detector
 from nodeagent.detectors.gpu import GpuPcieDetector, GpuThermalDetector, GpuXidDetector
 from nodeagent.detectors.gpu_topology import GpuTopologyDetector
 from nodeagent.detectors.nvme import NvmeLatencyDetector
+from nodeagent.detectors.nvme_readonly import NvmeReadonlyDetector
 
 
 @dataclass
@@ -23,19 +26,42 @@ class Registered:
 
 
 def build(config: AgentConfig) -> list[Registered]:
-    roots = config.roots()
-    node = config.node
-    nvme, gpu = config.nvme, config.gpu
-    nvml = NvmlSession(gpu.nvml_library)  # one per process: both GPU collectors share it
-    return [
+    return _nvme(config) + _gpu(config)
+
+
+def _nvme(config: AgentConfig) -> list[Registered]:
+    roots, node, nvme = config.roots(), config.node, config.nvme
+    readonly = NvmeReadonlyDetector(node)  # one state for the three sources
+    entries = [
         Registered(
             NvmeLatencyCollector(roots, devices=nvme.devices, interval_s=nvme.interval_s),
             [
                 NvmeLatencyDetector(
                     node, spike_us=nvme.spike_us, recover_us=nvme.recover_us, hold_s=nvme.hold_s
-                )
+                ),
+                readonly,
             ],
         ),
+        Registered(
+            NvmeSmartCollector(
+                roots,
+                command=nvme.smart_command,
+                interval_s=nvme.smart_interval_s,
+                timeout_s=nvme.smart_timeout_s,
+            ),
+            [readonly],
+        ),
+    ]
+    if nvme.udev:
+        udev = NvmeUdevCollector(roots, source=nvme.udev_source, devices=nvme.udev_devices)
+        entries.append(Registered(udev, [readonly]))
+    return entries
+
+
+def _gpu(config: AgentConfig) -> list[Registered]:
+    node, gpu = config.node, config.gpu
+    nvml = NvmlSession(gpu.nvml_library)  # one per process: both GPU collectors share it
+    return [
         Registered(
             GpuCollector(nvml, interval_s=gpu.interval_s),
             [

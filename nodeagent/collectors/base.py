@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -37,6 +37,21 @@ class Collector(Protocol):
     interval_s: float
 
     def collect(self, now: float) -> Sample: ...
+
+
+@runtime_checkable
+class Wakeable(Protocol):
+    """A collector whose source can announce news (uevents, XIDs): the sampling loop also
+    collects as soon as ``fileno()`` turns readable. None: nothing to wait on yet."""
+
+    def fileno(self) -> int | None: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A collector holding a thread or a socket, released when the agent stops."""
+
+    def close(self) -> None: ...
 
 
 class CollectorUnavailable(Exception):

@@ -38,21 +38,23 @@ class _Reading:
     time: float
     ios: int  # read + write I/Os completed
     ticks_ms: int  # read + write ticks
+    in_flight: int
 
 
-def parse_stat(text: str) -> tuple[int, int]:
-    """(completed read+write I/Os, read+write ticks in ms) from one stat file's text."""
+def parse_stat(text: str) -> tuple[int, int, int]:
+    """(completed read+write I/Os, read+write ticks in ms, I/Os in flight) from one stat
+    file's text."""
     fields = text.split()
     if len(fields) not in _LAYOUTS and len(fields) <= _LAYOUTS[-1]:
         raise StatError(f"expected 11, 15 or 17 fields, got {len(fields)}")
     try:
-        values = [int(f) for f in fields[:8]]
+        values = [int(f) for f in fields[:9]]
     except ValueError:
         raise StatError(f"non-integer field in {text.strip()[:60]!r}") from None
     if min(values) < 0:
         raise StatError("negative counter")
-    read_ios, _, _, read_ticks, write_ios, _, _, write_ticks = values
-    return read_ios + write_ios, read_ticks + write_ticks
+    read_ios, _, _, read_ticks, write_ios, _, _, write_ticks, in_flight = values
+    return read_ios + write_ios, read_ticks + write_ticks, in_flight
 
 
 def parse_ro(text: str) -> bool:
@@ -65,10 +67,15 @@ def parse_ro(text: str) -> bool:
 class NvmeLatencyCollector:
     """Mean I/O latency, IOPS and the read-only flag of each NVMe namespace.
 
-    ``values`` = ``{"devices": {dev: {"latency_us", "iops", "readonly"}}, "errors": {dev: msg}}``.
-    ``latency_us`` is None when no I/O completed in the window (nothing to average), on a
-    device's first reading and after its counters went backwards (a reset or a wrap); ``iops``
-    is 0.0 in those windows.
+    ``values`` = ``{"devices": {dev: {"latency_us", "iops", "readonly", "in_flight", "idle",
+    "stalled"}}, "errors": {dev: msg}}``.
+
+    ``latency_us`` is the mean over the window. When no I/O completed in it there is nothing
+    to average: if nothing is in flight either the device is ``idle`` (latency None); if I/Os
+    were in flight at both ends of the window, at least one of them has waited the whole
+    window, so the device is ``stalled`` and ``latency_us`` is the window's length (a lower
+    bound). ``latency_us`` is also None on a device's first reading and after its counters
+    went backwards (a reset or a wrap); ``iops`` is 0.0 in those windows.
     """
 
     name = "nvme"
@@ -111,20 +118,26 @@ class NvmeLatencyCollector:
 
     def _read(self, dev: str, now: float) -> dict[str, Any]:
         base = self._block / dev
-        ios, ticks = parse_stat(_read_text(base / "stat"))
+        ios, ticks, in_flight = parse_stat(_read_text(base / "stat"))
         readonly = parse_ro(_read_text(base / "ro"))
-        current = _Reading(now, ios, ticks)
+        current = _Reading(now, ios, ticks, in_flight)
         previous = self._last.get(dev)
         self._last[dev] = current
-        latency_us: float | None = None
-        iops = 0.0
-        if previous is not None and ios >= previous.ios and ticks >= previous.ticks_ms:
-            d_ios = ios - previous.ios
-            if d_ios:
-                latency_us = (ticks - previous.ticks_ms) * 1000.0 / d_ios
-            if now > previous.time:
-                iops = d_ios / (now - previous.time)
-        return {"latency_us": latency_us, "iops": iops, "readonly": readonly}
+        reading: dict[str, Any] = {"latency_us": None, "iops": 0.0, "readonly": readonly}
+        reading |= {"in_flight": in_flight, "idle": False, "stalled": False}
+        if previous is None or ios < previous.ios or ticks < previous.ticks_ms:
+            return reading
+        d_ios = ios - previous.ios
+        if d_ios:
+            reading["latency_us"] = (ticks - previous.ticks_ms) * 1000.0 / d_ios
+        elif in_flight and previous.in_flight:
+            reading["latency_us"] = max(0.0, now - previous.time) * 1e6
+            reading["stalled"] = True
+        else:
+            reading["idle"] = in_flight == 0
+        if now > previous.time:
+            reading["iops"] = d_ios / (now - previous.time)
+        return reading
 
 
 def _read_text(path: Path) -> str:

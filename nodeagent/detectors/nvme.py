@@ -1,4 +1,4 @@
-"""NVMe latency and write-protect events from ``nvme`` samples, with hysteresis.
+"""NVMe latency events from ``nvme`` samples, with hysteresis.
 
 The coordinator pauses a job on a spike and resumes it on recovery, so each event is an
 action: a device hovering around one threshold must not produce a stream of them. Hence two
@@ -13,13 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodeagent.collectors.base import Sample
-from proto.events import (
-    EventBase,
-    NvmeLatencyRecovered,
-    NvmeLatencySpike,
-    NvmeReadonly,
-    Severity,
-)
+from proto.events import EventBase, NvmeLatencyRecovered, NvmeLatencySpike, Severity
 
 
 @dataclass
@@ -28,16 +22,17 @@ class _DeviceState:
     above: int = 0  # consecutive samples above spike_us while not spiking
     held_s: float = 0.0  # measured time below recover_us while spiking
     below_since: float | None = None  # time of the last sample below recover_us, if unbroken
-    readonly: bool = False  # a device is assumed writable until a sample says otherwise
 
 
 class NvmeLatencyDetector:
     """Per device: normal → spike → (held under ``recover_us`` for ``hold_s``) → normal.
 
     The hold clock runs on sample times and only across consecutive samples under
-    ``recover_us``: a sample at or above it resets the clock, and a window without I/O
-    (latency None) adds no time but does not reset what was held either: an idle device is
-    not evidence of a healthy one, nor of a sick one.
+    ``recover_us``: a sample at or above it resets the clock. An idle window (no I/O
+    completed, none in flight) counts as under ``recover_us``: a job paused on a spike does
+    no I/O, and must still be able to resume. A stalled window (I/O in flight, none
+    completed) carries the window's length as its latency, so it is a spike. A window with
+    no reading at all (a device's first, a counter reset) adds no time and resets nothing.
     """
 
     collector = "nvme"
@@ -67,15 +62,18 @@ class NvmeLatencyDetector:
         devices: dict[str, dict[str, Any]] = sample.values.get("devices", {})
         for dev, reading in sorted(devices.items()):
             state = self._state.setdefault(dev, _DeviceState())
-            events.extend(self._readonly(dev, state, bool(reading.get("readonly", False))))
             latency = reading.get("latency_us")
-            if latency is not None:
-                events.extend(self._latency(dev, state, float(latency), sample.time))
+            if latency is not None or reading.get("idle"):
+                events.extend(self._latency(dev, state, latency, sample.time))
             else:
                 state.below_since = None
         return events
 
-    def _latency(self, dev: str, state: _DeviceState, latency: float, t: float) -> list[EventBase]:
+    def _latency(
+        self, dev: str, state: _DeviceState, measured: float | None, t: float
+    ) -> list[EventBase]:
+        """``measured`` None: an idle window."""
+        latency = float(measured) if measured is not None else 0.0
         if not state.spiking:
             state.above = state.above + 1 if latency > self.spike_us else 0
             if state.above < self.confirm_samples:
@@ -102,7 +100,8 @@ class NvmeLatencyDetector:
             return []
         held = state.held_s
         state.spiking, state.held_s, state.below_since = False, 0.0, None
-        message = f"{dev} latency {latency:.0f} µs, under {self.recover_us:g} µs for {held:.1f} s"
+        now = f"latency {latency:.0f} µs" if measured is not None else "idle"
+        message = f"{dev} {now}, under {self.recover_us:g} µs for {held:.1f} s"
         return [
             NvmeLatencyRecovered(
                 node=self.node,
@@ -111,20 +110,5 @@ class NvmeLatencyDetector:
                 threshold_us=self.recover_us,
                 held_s=held,
                 message=message,
-            )
-        ]
-
-    def _readonly(self, dev: str, state: _DeviceState, readonly: bool) -> list[EventBase]:
-        if readonly == state.readonly:
-            return []
-        state.readonly = readonly
-        return [
-            NvmeReadonly(
-                severity=Severity.CRITICAL if readonly else Severity.INFO,
-                node=self.node,
-                device=dev,
-                readonly=readonly,
-                source="sysfs",
-                message=f"{dev} is {'read-only' if readonly else 'writable again'}",
             )
         ]

@@ -8,6 +8,7 @@ reader never sees half a line.
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +99,9 @@ class SimulatedNode:
             disk = _Disk(name, link)
             self._disks[name] = disk
             _write(disk.dir / "stat", disk.stat_line())
-            _write(disk.dir / "ro", "0\n")
+        self.smart_dir = root / "smart"
+        self.smart_dir.mkdir(parents=True, exist_ok=True)
+        self._set_readonly(False)
 
     @property
     def devices(self) -> list[str]:
@@ -167,9 +170,15 @@ class SimulatedNode:
             raise ValueError(f"fault {name} is not simulated yet")
 
     def _set_readonly(self, readonly: bool) -> None:
+        """The kernel flag, and the controller's SMART log (``nvme smart-log -o json``
+        layout, read by the agent through ``cat``): critical_warning bit 3 is media
+        read-only."""
         for disk in self._disks.values():
             disk.readonly = readonly
             _write(disk.dir / "ro", "1\n" if readonly else "0\n")
+            log = {"critical_warning": 8 if readonly else 0, "temperature": 313}
+            log |= {"avail_spare": 100, "spare_thresh": 10, "percent_used": 2}
+            _write(self.smart_dir / f"{disk.name}.json", json.dumps(log, indent=2) + "\n")
 
     def faults(self) -> list[str]:
         """The active faults in their canonical inject form."""

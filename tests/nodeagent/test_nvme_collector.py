@@ -19,8 +19,10 @@ def collector(root: Path, devices: list[str] | None = None) -> NvmeLatencyCollec
     return NvmeLatencyCollector(Roots(sysfs=root / "sys"), devices)
 
 
-def write_stat(root: Path, dev: str, reads: int, read_ms: int, writes: int, write_ms: int) -> None:
-    fields = [reads, 0, reads * 8, read_ms, writes, 0, writes * 8, write_ms, 0, 0, 0]
+def write_stat(
+    root: Path, dev: str, reads: int, read_ms: int, writes: int, write_ms: int, in_flight: int = 0
+) -> None:
+    fields = [reads, 0, reads * 8, read_ms, writes, 0, writes * 8, write_ms, in_flight, 0, 0]
     (root / "sys" / "block" / dev / "stat").write_text(" ".join(map(str, fields)) + "\n")
 
 
@@ -29,10 +31,11 @@ def test_latency_iops_and_readonly_over_a_window(tree: Tree) -> None:
     nvme = collector(root)
     first = nvme.collect(100.0)
     assert first.collector == "nvme" and first.time == 100.0
+    unknown = {"latency_us": None, "iops": 0.0, "readonly": False, "idle": False, "stalled": False}
     assert first.values == {
         "devices": {
-            "nvme0n1": {"latency_us": None, "iops": 0.0, "readonly": False},
-            "nvme1n1": {"latency_us": None, "iops": 0.0, "readonly": False},
+            "nvme0n1": unknown | {"in_flight": 0},
+            "nvme1n1": unknown | {"in_flight": 2},
         },
         "errors": {},
     }
@@ -40,7 +43,14 @@ def test_latency_iops_and_readonly_over_a_window(tree: Tree) -> None:
     devices = nvme.collect(100.5).values["devices"]
     assert devices["nvme0n1"]["latency_us"] == pytest.approx(50_000 / 2400)
     assert devices["nvme0n1"]["iops"] == pytest.approx(4800)
-    assert devices["nvme1n1"] == {"latency_us": 500.0, "iops": 4000.0, "readonly": True}
+    assert devices["nvme1n1"] == {
+        "latency_us": 500.0,
+        "iops": 4000.0,
+        "readonly": True,
+        "in_flight": 3,
+        "idle": False,
+        "stalled": False,
+    }
 
 
 def test_only_whole_nvme_disks_are_read(tree: Tree) -> None:
@@ -87,9 +97,10 @@ def test_each_bad_device_is_an_error_and_the_rest_are_read(tree: Tree) -> None:
     write_stat(root, "nvme0n1", 1100, 22, 600, 11)  # +200 I/Os, +3 ms
     write_stat(root, "nvme7n1", 1100, 22, 500, 10)  # +100 I/Os, +2 ms
     values = nvme.collect(0.5).values
+    busy = {"readonly": False, "in_flight": 0, "idle": False, "stalled": False}
     assert values["devices"] == {
-        "nvme0n1": {"latency_us": 15.0, "iops": 400.0, "readonly": False},
-        "nvme7n1": {"latency_us": 20.0, "iops": 200.0, "readonly": False},
+        "nvme0n1": {"latency_us": 15.0, "iops": 400.0} | busy,
+        "nvme7n1": {"latency_us": 20.0, "iops": 200.0} | busy,
     }
     errors = values["errors"]
     assert sorted(errors) == ["nvme1n1", "nvme2n1", "nvme3n1", "nvme4n1", "nvme5n1", "nvme6n1"]
@@ -102,7 +113,7 @@ def test_each_bad_device_is_an_error_and_the_rest_are_read(tree: Tree) -> None:
 
 
 def test_longer_lines_of_later_kernels_are_accepted() -> None:
-    assert parse_stat(" ".join(["1"] * 11 + ["0"] * 9)) == (2, 2)
+    assert parse_stat(" ".join(["1"] * 11 + ["0"] * 9)) == (2, 2, 1)
 
 
 def test_counters_going_backwards_rebaseline(tree: Tree) -> None:
@@ -122,19 +133,39 @@ def test_ticks_going_backwards_alone_also_rebaselines(tree: Tree) -> None:
     nvme = collector(root, ["nvme0n1"])
     nvme.collect(0.0)
     write_stat(root, "nvme0n1", 1100, 0, 500, 0)
-    assert nvme.collect(0.5).values["devices"]["nvme0n1"] == {
-        "latency_us": None,
-        "iops": 0.0,
-        "readonly": False,
-    }
+    device = nvme.collect(0.5).values["devices"]["nvme0n1"]
+    assert (device["latency_us"], device["iops"], device["idle"]) == (None, 0.0, False)
 
 
-def test_no_io_in_the_window_has_no_latency(tree: Tree) -> None:
+def test_no_io_and_nothing_in_flight_is_idle(tree: Tree) -> None:
     root = tree("sysfs_nvme")
     nvme = collector(root)
     nvme.collect(0.0)
     device = nvme.collect(0.5).values["devices"]["nvme0n1"]
-    assert device == {"latency_us": None, "iops": 0.0, "readonly": False}
+    assert device == {
+        "latency_us": None,
+        "iops": 0.0,
+        "readonly": False,
+        "in_flight": 0,
+        "idle": True,
+        "stalled": False,
+    }
+
+
+def test_io_in_flight_and_none_completing_is_a_stall(tree: Tree) -> None:
+    """I/Os in flight at both ends of a window without completions: one has waited the whole
+    window, so latency is at least the window (a hung controller never completes any)."""
+    root = tree("sysfs_nvme")
+    nvme = collector(root, ["nvme1n1"])
+    nvme.collect(10.0)  # 2 in flight
+    device = nvme.collect(10.5).values["devices"]["nvme1n1"]
+    assert device["stalled"] and not device["idle"]
+    assert device["latency_us"] == pytest.approx(500_000.0)
+    write_stat(root, "nvme1n1", 9876543, 197530, 1234567, 24691, in_flight=0)
+    drained = nvme.collect(11.0).values["devices"]["nvme1n1"]
+    assert drained["latency_us"] is None and drained["idle"] and not drained["stalled"]
+    write_stat(root, "nvme1n1", 9876543, 197530, 1234567, 24691, in_flight=4)
+    assert not nvme.collect(11.5).values["devices"]["nvme1n1"]["stalled"], "just submitted"
 
 
 def test_device_vanishes_then_appears(tree: Tree) -> None:

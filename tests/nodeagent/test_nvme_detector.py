@@ -9,7 +9,7 @@ import pytest
 
 from nodeagent.collectors.base import Sample
 from nodeagent.detectors.nvme import NvmeLatencyDetector
-from proto.events import EventBase, NvmeLatencyRecovered, NvmeLatencySpike, NvmeReadonly
+from proto.events import EventBase, NvmeLatencyRecovered, NvmeLatencySpike
 
 STEP = 0.5
 
@@ -20,15 +20,16 @@ def feed(
     *,
     start: float = 0.0,
     device: str = "nvme0n1",
-    readonly: bool = False,
+    idle: bool = False,
 ) -> list[tuple[float, EventBase]]:
-    """Feed one sample per latency, STEP apart; returns (sample time, event) pairs."""
+    """Feed one sample per latency, STEP apart; returns (sample time, event) pairs. A None
+    latency is an idle window with ``idle``, else a window without a reading."""
     out: list[tuple[float, EventBase]] = []
     for i, latency in enumerate(latencies):
         t = start + i * STEP
-        values = {
-            "devices": {device: {"latency_us": latency, "iops": 4000.0, "readonly": readonly}}
-        }
+        reading = {"latency_us": latency, "iops": 4000.0, "readonly": False}
+        reading |= {"idle": idle and latency is None, "in_flight": 0, "stalled": False}
+        values = {"devices": {device: reading}}
         out.extend(
             (t, e) for e in detector.observe(Sample(collector="nvme", time=t, values=values))
         )
@@ -104,15 +105,34 @@ def test_confirm_samples_needs_consecutive_samples_above() -> None:
     assert [t for t, _ in events] == [11.0]
 
 
-def test_no_io_is_neither_spike_nor_recovery() -> None:
+def test_windows_without_a_reading_are_neither_spike_nor_recovery() -> None:
     detector = NvmeLatencyDetector("n", hold_s=1.0)
     assert feed(detector, [None] * 10) == []
     feed(detector, [500], start=10.0)
-    # 0.5 s held, an idle stretch that adds no time, then 0.5 s more: recovered at 20.5.
+    # 0.5 s held, a stretch without readings that adds no time, then 0.5 s more.
     assert feed(detector, [30, 30, None, None, None, None], start=11.0) == []
     events = feed(detector, [30, 30, 30], start=20.0)
     assert [(t, type(e).__name__) for t, e in events] == [(20.5, "NvmeLatencyRecovered")]
     assert isinstance(events[0][1], NvmeLatencyRecovered) and events[0][1].held_s == 1.0
+
+
+def test_an_idle_device_recovers() -> None:
+    """A job paused on a spike stops its I/O: idle windows must count towards recovery, or
+    the job would never resume."""
+    detector = NvmeLatencyDetector("n", hold_s=1.0)
+    assert feed(detector, [None] * 10, idle=True) == [], "idle is not a spike"
+    feed(detector, [500], start=10.0)
+    events = feed(detector, [None] * 4, start=11.0, idle=True)
+    assert [t for t, _ in events] == [12.0]
+    recovered = events[0][1]
+    assert isinstance(recovered, NvmeLatencyRecovered) and recovered.latency_us == 0.0
+    assert recovered.message == "nvme0n1 idle, under 50 µs for 1.0 s"
+
+
+def test_a_stall_is_a_spike() -> None:
+    """The collector reports a stalled window with the window's length as its latency."""
+    events = feed(NvmeLatencyDetector("n"), [20, 500_000.0])
+    assert kinds(events) == ["NvmeLatencySpike"]
 
 
 def test_devices_are_independent() -> None:
@@ -120,25 +140,6 @@ def test_devices_are_independent() -> None:
     feed(detector, [500], device="nvme1n1")
     events = feed(detector, [500, 500], device="nvme0n1")
     assert [e.device for _, e in events if isinstance(e, NvmeLatencySpike)] == ["nvme0n1"]
-
-
-def test_readonly_flips_once_each_way() -> None:
-    detector = NvmeLatencyDetector("node-1")
-    assert feed(detector, [20, 20]) == []
-    events = feed(detector, [20, 20, 20], readonly=True) + feed(detector, [20, 20], readonly=False)
-    flips = [e for _, e in events if isinstance(e, NvmeReadonly)]
-    assert len(flips) == len(events)
-    assert [(e.readonly, e.severity, e.source, e.node) for e in flips] == [
-        (True, "critical", "sysfs", "node-1"),
-        (False, "info", "sysfs", "node-1"),
-    ]
-
-
-def test_readonly_at_first_sight_is_reported() -> None:
-    """A node that boots with its disk already write-protected is as broken as one whose disk
-    flips later."""
-    events = feed(NvmeLatencyDetector("n"), [None], readonly=True)
-    assert kinds(events) == ["NvmeReadonly"]
 
 
 def test_errors_only_samples_emit_nothing() -> None:

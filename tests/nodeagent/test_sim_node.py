@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from nodeagent.collectors.nvme import NvmeLatencyCollector
+from nodeagent.collectors.nvme_smart import NvmeSmartCollector
 from nodeagent.sim.node import SimulatedNode
 
 TICK = 0.1
@@ -91,12 +92,18 @@ def test_all_devices_fault_replaces_per_device_ones(clock: Clock) -> None:
 
 
 def test_readonly_on_off(clock: Clock) -> None:
+    smart = NvmeSmartCollector(
+        clock.node.roots, command=["cat", f"{clock.node.smart_dir}/{{device}}.json"]
+    )
+    assert smart.collect(0).values["devices"]["nvme1n1"]["critical_warning"] == 0
     clock.node.apply("nvme-readonly=on")
     assert clock.node.faults() == ["nvme-readonly=on"]
     assert all(d["readonly"] for d in clock.window().values())
+    assert all(d["media_readonly"] for d in smart.collect(1).values["devices"].values())
     clock.node.apply("nvme-readonly=off")
     assert clock.node.faults() == []
     assert not any(d["readonly"] for d in clock.window().values())
+    assert not any(d["warnings"] for d in smart.collect(2).values["devices"].values())
 
 
 def test_latency_is_accurate_over_short_windows(clock: Clock) -> None:

@@ -1,0 +1,116 @@
+"""NvmeUdevCollector against this machine's kernel: real change uevents on a loop device
+(``blockdev --setro`` flips its read-only flag, ``echo change > uevent`` announces it), and
+the decoding of DISK_RO uevents."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeagent.collectors.base import Roots
+from nodeagent.collectors.nvme import StatError
+from nodeagent.collectors.nvme_udev import NvmeUdevCollector, change_of, pick_source
+from nodeagent.sampling import pause
+
+BLOCK = Path("/sys/block")
+
+
+def free_loop_device() -> str | None:
+    """An unattached loop device (size 0) that is writable now, highest number first."""
+    for path in sorted(BLOCK.glob("loop*"), key=lambda p: int(p.name[4:]), reverse=True):
+        if (path / "size").read_text().strip() == "0" and (path / "ro").read_text() == "0\n":
+            return path.name
+    return None
+
+
+@pytest.fixture
+def loop_device() -> Iterator[str]:
+    if os.geteuid() != 0 or shutil.which("blockdev") is None:
+        pytest.skip("needs root and blockdev to flip a loop device's read-only flag")
+    name = free_loop_device()
+    if name is None or not Path(f"/dev/{name}").exists():
+        pytest.skip("no free loop device with a /dev node")
+    try:
+        yield name
+    finally:
+        subprocess.run(["blockdev", "--setrw", f"/dev/{name}"], check=False)
+
+
+def flip(name: str, readonly: bool) -> None:
+    flag = "--setro" if readonly else "--setrw"
+    subprocess.run(["blockdev", flag, f"/dev/{name}"], check=True)
+    (BLOCK / name / "uevent").write_text("change")
+
+
+def changes_for(collector: NvmeUdevCollector, name: str) -> list[dict[str, object]]:
+    values = collector.collect(time.time()).values
+    assert values["source"] == "kernel" and values["errors"] == {}
+    return [c for c in values["changes"] if c["device"] == name]
+
+
+def test_real_change_uevents_wake_the_collector(loop_device: str) -> None:
+    collector = NvmeUdevCollector(Roots(), source="kernel", devices=r"loop\d+")
+    assert collector.fileno() is None, "no monitor before the first collection"
+    assert changes_for(collector, loop_device) == []
+    fd = collector.fileno()
+    assert fd is not None
+
+    async def woken_after_flip(readonly: bool) -> float:
+        start = time.monotonic()
+        waiting = asyncio.create_task(pause(collector, 5.0))
+        await asyncio.sleep(0.05)
+        flip(loop_device, readonly)
+        await waiting
+        return time.monotonic() - start
+
+    assert asyncio.run(woken_after_flip(True)) < 1.0, "a uevent ends the pause at once"
+    assert changes_for(collector, loop_device) == [
+        {"device": loop_device, "readonly": True, "from": "ro"}
+    ]
+    asyncio.run(woken_after_flip(False))
+    assert changes_for(collector, loop_device) == [
+        {"device": loop_device, "readonly": False, "from": "ro"}
+    ]
+    collector.close()
+
+
+def test_disk_ro_is_taken_at_its_word(tmp_path: Path) -> None:
+    """The kernel's set_disk_ro() sends DISK_RO=1/0 with the change; no file is read."""
+    assert change_of("change", "nvme0n1", {"DISK_RO": "1"}, tmp_path) == {
+        "device": "nvme0n1",
+        "readonly": True,
+        "from": "DISK_RO",
+    }
+    assert change_of("change", "nvme0n1", {"DISK_RO": "0"}, tmp_path)["readonly"] is False  # type: ignore[index]
+    for action in ("add", "remove", "bind", None):
+        assert change_of(action, "nvme0n1", {"DISK_RO": "1"}, tmp_path) is None
+
+
+def test_other_changes_read_the_ro_file(tmp_path: Path) -> None:
+    (tmp_path / "nvme1n1").mkdir()
+    (tmp_path / "nvme1n1" / "ro").write_text("1\n")
+    assert change_of("change", "nvme1n1", {"DISK_RO": "x"}, tmp_path) == {
+        "device": "nvme1n1",
+        "readonly": True,
+        "from": "ro",
+    }
+    (tmp_path / "nvme1n1" / "ro").write_text("maybe\n")
+    with pytest.raises(StatError):
+        change_of("change", "nvme1n1", {}, tmp_path)
+    with pytest.raises(FileNotFoundError):
+        change_of("change", "nvme2n1", {}, tmp_path)
+
+
+def test_source_follows_udevd(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    assert pick_source("auto", control) == "kernel"
+    control.touch()
+    assert pick_source("auto", control) == "udev"
+    assert pick_source("kernel", control) == "kernel"
