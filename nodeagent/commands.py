@@ -28,7 +28,7 @@ from proto.commands import (
     ResyncClock,
     Stop,
 )
-from proto.events import CommandRefused, EventBase, Severity
+from proto.events import ClockResynced, CommandRefused, EventBase, Severity
 
 log = structlog.get_logger()
 
@@ -41,8 +41,10 @@ class CommandHandler:
         supervisor: Supervisor,
         advertise_addr: str,
         on_event: Callable[[EventBase], Awaitable[None]],
+        resync: Callable[[], Awaitable[ClockResynced]] | None = None,
     ) -> None:
         self.node = node
+        self._resync = resync
         self._epoch_file = state_dir / "epoch"
         self.supervisor = supervisor
         self.advertise_addr = advertise_addr
@@ -82,7 +84,11 @@ class CommandHandler:
             case ReservePort():
                 return self._reply(True, port=_free_port(self.advertise_addr))
             case ResyncClock():
-                return self._reply(False, "clock resync is not available on this agent yet")
+                if self._resync is None:
+                    return self._reply(False, "this agent has no clock collector")
+                result = await self._resync()
+                await self._on_event(result)
+                return self._reply(result.ok, "" if result.ok else result.message)
             case _:
                 return self._reply(False, f"unsupported command {type(cmd).__name__}")
 

@@ -49,6 +49,22 @@ class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     topology_confirm: Count = 2
 
 
+class ClockSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    interval_s: Positive = 1.0
+    max_offset_ms: Positive = 5.0
+    recover_ms: Positive = 2.0
+    confirm: Count = 2
+    hold_s: NonNegative = 5.0
+    adjtimex: bool = True  # the kernel's sync state counts (not on simulated nodes)
+    chronyc: list[str] = msgspec.field(default_factory=lambda: ["chronyc", "-c", "tracking"])
+    chrony_interval_s: Positive = 16.0
+    peer_interval_s: Positive = 10.0  # offset to the coordinator over NATS
+    peer_timeout_s: Positive = 1.0
+    step_command: list[str] = msgspec.field(default_factory=lambda: ["chronyc", "makestep"])
+    step_timeout_s: Positive = 10.0
+    skew_file: str | None = None  # simulated nodes: their clock's extra offset in ms
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: NodeId = msgspec.field(default_factory=lambda: socket.gethostname().split(".")[0])
     cluster: str = "local"
@@ -64,6 +80,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     nvme: NvmeSettings = msgspec.field(default_factory=NvmeSettings)
     gpu: GpuSettings = msgspec.field(default_factory=GpuSettings)
+    clock: ClockSettings = msgspec.field(default_factory=ClockSettings)
 
     def roots(self) -> Roots:
         return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))

@@ -13,10 +13,11 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from nodeagent.collectors.base import BusAttached
 from nodeagent.commands import CommandHandler
 from nodeagent.config import AgentConfig, detect_addr
 from nodeagent.outbox import Outbox
-from nodeagent.registry import Registered, build
+from nodeagent.registry import Registered, build, clock_of
 from nodeagent.sampling import Health, close_all, pause, run_once_async, summarize
 from nodeagent.supervisor import Supervisor
 from proto import subjects
@@ -60,7 +61,15 @@ class Agent:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         nc = await connect(cfg.nats, f"nodeagent-{self.node}")
         self._outbox = Outbox(nc.jetstream())
-        handler = CommandHandler(self.node, self.run_dir, self.supervisor, self.addr, self.emit)
+        clock = clock_of(self.registered)
+        handler = CommandHandler(
+            self.node,
+            self.run_dir,
+            self.supervisor,
+            self.addr,
+            self.emit,
+            resync=clock.resync if clock else None,
+        )
 
         async def on_command(msg: Msg) -> None:
             reply = await handler.handle(msg.data)
@@ -79,6 +88,11 @@ class Agent:
         )
         tasks = [asyncio.create_task(self._outbox.run(), name="outbox")]
         tasks += [asyncio.create_task(self._sample_loop(e)) for e in self.registered]
+        tasks += [
+            asyncio.create_task(e.collector.attach(nc, cfg.cluster))
+            for e in self.registered
+            if isinstance(e.collector, BusAttached)
+        ]
         tasks.append(asyncio.create_task(self._heartbeat_loop(nc)))
         log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)
         try:

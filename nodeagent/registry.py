@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nodeagent.collectors.base import Collector
+from nodeagent.collectors.clock import ClockCollector
+from nodeagent.collectors.clock_peer import PeerClock
 from nodeagent.collectors.gpu import GpuCollector
 from nodeagent.collectors.gpu_topology import GpuTopologyCollector
 from nodeagent.collectors.nvme import NvmeLatencyCollector
@@ -13,6 +16,7 @@ from nodeagent.collectors.nvme_udev import NvmeUdevCollector
 from nodeagent.collectors.nvml import NvmlSession
 from nodeagent.config import AgentConfig
 from nodeagent.detectors.base import Detector
+from nodeagent.detectors.clock import ClockDriftDetector
 from nodeagent.detectors.gpu import GpuPcieDetector, GpuThermalDetector, GpuXidDetector
 from nodeagent.detectors.gpu_topology import GpuTopologyDetector
 from nodeagent.detectors.nvme import NvmeLatencyDetector
@@ -26,7 +30,35 @@ class Registered:
 
 
 def build(config: AgentConfig) -> list[Registered]:
-    return _nvme(config) + _gpu(config)
+    return _nvme(config) + _gpu(config) + [_clock(config)]
+
+
+def clock_of(entries: list[Registered]) -> ClockCollector | None:
+    """The clock collector, which also serves the ``resync_clock`` command."""
+    return next((e.collector for e in entries if isinstance(e.collector, ClockCollector)), None)
+
+
+def _clock(config: AgentConfig) -> Registered:
+    clock = config.clock
+    collector = ClockCollector(
+        peer=PeerClock(interval_s=clock.peer_interval_s, timeout_s=clock.peer_timeout_s),
+        interval_s=clock.interval_s,
+        use_adjtimex=clock.adjtimex,
+        chronyc=clock.chronyc,
+        chrony_interval_s=clock.chrony_interval_s,
+        skew_file=Path(clock.skew_file) if clock.skew_file else None,
+        step_command=clock.step_command,
+        step_timeout_s=clock.step_timeout_s,
+        max_offset_ms=clock.max_offset_ms,
+    )
+    detector = ClockDriftDetector(
+        config.node,
+        max_offset_ms=clock.max_offset_ms,
+        recover_ms=clock.recover_ms,
+        confirm=clock.confirm,
+        hold_s=clock.hold_s,
+    )
+    return Registered(collector, [detector])
 
 
 def _nvme(config: AgentConfig) -> list[Registered]:

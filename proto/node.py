@@ -55,6 +55,20 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     jobs: list[str] = msgspec.field(default_factory=list)
 
 
+class ClockProbe(msgspec.Struct, kw_only=True):
+    """An agent's clock probe (``subjects.clock``): ``t1`` is its send time."""
+
+    t1: float
+
+
+class ClockReply(msgspec.Struct, kw_only=True):
+    """The responder's receive (``t2``) and send (``t3``) times, NTP's naming."""
+
+    t1: float
+    t2: float
+    t3: float
+
+
 class NodeRecord(msgspec.Struct, kw_only=True):
     """A node as the leading coordinator sees it (KV; ``status`` reads it)."""
 

@@ -60,6 +60,11 @@ def progress_all(cluster: str) -> str:
     return f"{ROOT}.{cluster}.progress.*"
 
 
+def clock(cluster: str) -> str:
+    """NTP-style clock probes from agents; any coordinator answers (queue group)."""
+    return f"{ROOT}.{cluster}.clock"
+
+
 def sim(cluster: str, node: str) -> str:
     """Fault injection on a simulated node; real nodes have no responder here."""
     return f"{ROOT}.{cluster}.sim.{node}"

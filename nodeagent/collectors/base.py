@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
+from nats.aio.client import Client
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,14 @@ class Closable(Protocol):
     """A collector holding a thread or a socket, released when the agent stops."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BusAttached(Protocol):
+    """A collector that also measures over NATS (the clock's offset to the coordinator):
+    the daemon runs ``attach`` as a task for as long as it is connected."""
+
+    async def attach(self, nc: Client, cluster: str) -> None: ...
 
 
 class CollectorUnavailable(Exception):

@@ -16,6 +16,7 @@ from pathlib import Path
 from nodeagent.collectors.base import Roots
 from nodeagent.sim.faults import (
     ClearFault,
+    ClockOffsetFault,
     GpuTempFault,
     LinkFault,
     NvmeLatencyFault,
@@ -99,6 +100,10 @@ class SimulatedNode:
             disk = _Disk(name, link)
             self._disks[name] = disk
             _write(disk.dir / "stat", disk.stat_line())
+        self.skew_file = root / "clock" / "skew_ms"
+        self.skew_file.parent.mkdir(parents=True, exist_ok=True)
+        self.skew_file.unlink(missing_ok=True)
+        self._clock: ClockOffsetFault | None = None
         self.smart_dir = root / "smart"
         self.smart_dir.mkdir(parents=True, exist_ok=True)
         self._set_readonly(False)
@@ -114,6 +119,8 @@ class SimulatedNode:
             _write(disk.dir / "stat", disk.stat_line())
         if self.gpus is not None:
             self.gpus.tick(dt)
+        if self._clock is not None and not self.skew_file.exists():
+            self._clock = None  # the agent's resync command stepped the clock back
 
     def _advance(self, disk: _Disk, dt: float) -> None:
         rng = self._rng
@@ -159,7 +166,10 @@ class SimulatedNode:
                 self.gpus.apply(parsed)
             except ValueError as exc:
                 raise ValueError(f"{self.node}: {exc}") from None
+        elif isinstance(parsed, ClockOffsetFault):
+            self._set_skew(parsed)
         elif isinstance(parsed, ClearFault):
+            self._set_skew(None)
             self._latency = {}
             self._readonly = None
             self._set_readonly(False)
@@ -168,6 +178,15 @@ class SimulatedNode:
         else:
             name = fault.strip().partition("=")[0]
             raise ValueError(f"fault {name} is not simulated yet")
+
+    def _set_skew(self, fault: ClockOffsetFault | None) -> None:
+        """The agent adds this file's milliseconds to its clock readings (``clock.skew_file``);
+        a resync removes the file (``clock.step_command``)."""
+        self._clock = fault
+        if fault is None:
+            self.skew_file.unlink(missing_ok=True)
+        else:
+            _write(self.skew_file, f"{fault.offset_ms:g}\n")
 
     def _set_readonly(self, readonly: bool) -> None:
         """The kernel flag, and the controller's SMART log (``nvme smart-log -o json``
@@ -184,6 +203,7 @@ class SimulatedNode:
         """The active faults in their canonical inject form."""
         active = [str(f) for f in self._latency.values()]
         active += [str(self._readonly)] if self._readonly else []
+        active += [str(self._clock)] if self._clock else []
         return active + (self.gpus.faults() if self.gpus is not None else [])
 
 
