@@ -49,8 +49,6 @@ def _model_config(launch: Launch) -> ModelConfig:
         raise SpecError(
             f"train.seq_len={train.seq_len} exceeds {train.model!r}'s max of {cfg.max_seq_len}"
         )
-    if train.engine != "ddp":
-        raise SpecError(f"train.engine={train.engine!r} is not available (expected 'ddp')")
     return cfg
 
 
@@ -94,6 +92,16 @@ def _init_process_group(launch: Launch, device: torch.device) -> Coordination:
     return Coordination(launch.rank, launch.world_size, group)
 
 
+def _engine(launch: Launch, model: torch.nn.Module, device: torch.device) -> Engine:
+    train = launch.spec.train
+    args = (model, train, train.precision, device, launch.rank, launch.world_size)
+    if train.engine == "deepspeed":
+        from trainer.engine_deepspeed import DeepSpeedEngine
+
+        return DeepSpeedEngine(*args)
+    return DDPEngine(*args)
+
+
 def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: Log) -> Outcome:
     train = launch.spec.train
     device = torch.device(f"cuda:{launch.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -104,13 +112,13 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
     try:
         torch.manual_seed(train.seed)  # identical initial weights on every rank
         model = apply_precision(GPT(cfg), train.precision, device)
-        engine: Engine = DDPEngine(
-            model, train, train.precision, device, launch.rank, launch.world_size
-        )
+        params = count_params(model)  # before ZeRO-3 partitions the parameters away
+        engine = _engine(launch, model, device)
         log(
             "model",
             preset=train.model,
-            params=count_params(model),
+            engine=engine.name,
+            params=params,
             precision=train.precision,
             float8_linears=count_float8_linears(model),
             world=launch.world_size,

@@ -1,0 +1,94 @@
+"""The DeepSpeed engine: ZeRO stages 0–3 behind the same :class:`trainer.engine.Engine`
+protocol as DDP.
+
+DeepSpeed owns gradient reduction, clipping, the optimizer (partitioned across ranks from
+stage 1) and, from stage 3, the parameters themselves. Its checkpoint is its own layout
+(``ds/mp_rank_00_model_states.pt``, ``ds/zero_pp_rank_<r>_…_optim_states.pt``, …), which
+each rank writes into its own staging dir; persisting merges the ranks' files into one
+step dir, exactly the directory ``load_checkpoint`` expects. The durable dir must be
+shared by the job's nodes, as ranks load files other ranks wrote.
+
+On CPU, two settings avoid minutes of JIT compilation on first use: ``torch_adam`` (plain
+torch AdamW instead of the fused C++ one) and disabling the ``deepspeed_shm_comm`` op.
+fp8 converts the model with torchao before ``deepspeed.initialize``; bf16 is DeepSpeed's
+own (bf16 weights, fp32 master copy), so no autocast here.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from proto.job import TrainSection
+from trainer import durable
+from trainer.model import lm_loss
+from trainer.precision import Precision
+
+TAG = "ds"  # the one checkpoint tag inside every step dir
+
+
+def ds_config(train: TrainSection, precision: Precision) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": train.grad_clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": train.lr, "torch_adam": True}},
+        "zero_optimization": {"stage": train.zero_stage},
+        "bf16": {"enabled": precision == "bf16"},
+        "steps_per_print": 2**31 - 1,  # progress is ours to report
+    }
+
+
+class DeepSpeedEngine:
+    def __init__(
+        self,
+        module: nn.Module,
+        train: TrainSection,
+        precision: Precision,
+        device: torch.device,
+        rank: int,
+        world_size: int,
+    ) -> None:
+        import deepspeed  # seconds to import; only this engine needs it
+
+        deepspeed.utils.logger.setLevel(logging.WARNING)
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+        self.name = f"deepspeed-zero{train.zero_stage}"
+        self.module = module
+        self.device = device
+        self.rank = rank
+        self.world_size = world_size
+        self.ds, *_ = deepspeed.initialize(
+            model=module.to(device),
+            model_parameters=module.parameters(),
+            config=ds_config(train, precision),
+        )
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        loss = lm_loss(self.ds(inputs.to(self.device)), targets.to(self.device))
+        self.ds.backward(loss)
+        self.ds.step()
+        mean = loss.detach().float().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+        return mean.item() / self.world_size
+
+    def stage(self, directory: Path) -> None:
+        self.ds.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+
+    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
+        # ZeRO partitions are tied to the world size they were written with.
+        if manifest.engine != self.name or manifest.world_size != self.world_size:
+            return None
+        own = manifest.ranks.get(str(self.rank), [])
+        return [name for name in own if name.startswith(f"{TAG}/")]
+
+    def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
+        path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint in {step_dir}")
