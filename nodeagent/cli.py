@@ -94,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
 
     async def run() -> None:
         stop = asyncio.Event()
+        agent = Agent(config)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await Agent(config).run(stop)
+        loop.add_signal_handler(signal.SIGTERM, agent.on_sigterm, stop)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        await agent.run(stop)
 
     asyncio.run(run())
     return 0

@@ -65,6 +65,19 @@ class ClockSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     skew_file: str | None = None  # simulated nodes: their clock's extra offset in ms
 
 
+class PreemptionSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    provider: Literal["auto", "aws", "gcp", "azure", "none"] = "auto"
+    interval_s: Positive = 2.0
+    timeout_s: Positive = 0.5
+    aws_url: str = "http://169.254.169.254"
+    gcp_url: str = "http://metadata.google.internal"
+    azure_url: str = "http://169.254.169.254"
+    redetect_s: Positive = 300.0  # off any cloud, how often detection is tried again
+    gcp_deadline_s: Positive = 30.0
+    sigterm_notice: bool = True  # a SIGTERM to the agent announces the node going away
+    sigterm_deadline_s: Positive = 30.0
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: NodeId = msgspec.field(default_factory=lambda: socket.gethostname().split(".")[0])
     cluster: str = "local"
@@ -81,6 +94,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     nvme: NvmeSettings = msgspec.field(default_factory=NvmeSettings)
     gpu: GpuSettings = msgspec.field(default_factory=GpuSettings)
     clock: ClockSettings = msgspec.field(default_factory=ClockSettings)
+    preemption: PreemptionSettings = msgspec.field(default_factory=PreemptionSettings)
 
     def roots(self) -> Roots:
         return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))

@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import structlog
@@ -22,7 +23,7 @@ from nodeagent.sampling import Health, close_all, pause, run_once_async, summari
 from nodeagent.supervisor import Supervisor
 from proto import subjects
 from proto.codec import encode
-from proto.events import EventBase, NodeRegistered
+from proto.events import EventBase, NodeRegistered, Severity, SpotNotice, utcnow
 from proto.node import CollectorStatus, Heartbeat, Telemetry
 from proto.progress import Progress
 from ringmaster.bus import connect, event_subject
@@ -44,12 +45,32 @@ class Agent:
         self.supervisor = Supervisor(self.node, self.run_dir, self.emit, self._progress)
 
     async def emit(self, event: EventBase) -> None:
+        self._publish(event)
+
+    def _publish(self, event: EventBase) -> None:
         self.health.observe(event)
         if self._outbox is None:
             return
         if event.node is None:
             event.node = self.node
         self._outbox.put(event_subject(self.config.cluster, event), encode(event))
+
+    def on_sigterm(self, stop: asyncio.Event) -> None:
+        """SIGTERM: the host is shutting the agent down (a spot reclaim's shutdown, a
+        drain); announce the node going away before stopping, when so configured."""
+        pre = self.config.preemption
+        if pre.sigterm_notice:
+            deadline = utcnow() + timedelta(seconds=pre.sigterm_deadline_s)
+            self._publish(
+                SpotNotice(
+                    severity=Severity.CRITICAL,
+                    provider="sigterm",
+                    action="terminate",
+                    deadline=deadline,
+                    message=f"agent got SIGTERM: node going away by {deadline:%H:%M:%S} UTC",
+                )
+            )
+        stop.set()
 
     async def _progress(self, job: str, message: Progress) -> None:
         if self._outbox is not None:

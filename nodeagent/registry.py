@@ -14,6 +14,7 @@ from nodeagent.collectors.nvme import NvmeLatencyCollector
 from nodeagent.collectors.nvme_smart import NvmeSmartCollector
 from nodeagent.collectors.nvme_udev import NvmeUdevCollector
 from nodeagent.collectors.nvml import NvmlSession
+from nodeagent.collectors.preemption import PreemptionCollector
 from nodeagent.config import AgentConfig
 from nodeagent.detectors.base import Detector
 from nodeagent.detectors.clock import ClockDriftDetector
@@ -21,6 +22,7 @@ from nodeagent.detectors.gpu import GpuPcieDetector, GpuThermalDetector, GpuXidD
 from nodeagent.detectors.gpu_topology import GpuTopologyDetector
 from nodeagent.detectors.nvme import NvmeLatencyDetector
 from nodeagent.detectors.nvme_readonly import NvmeReadonlyDetector
+from nodeagent.detectors.preemption import SpotNoticeDetector
 
 
 @dataclass
@@ -30,7 +32,21 @@ class Registered:
 
 
 def build(config: AgentConfig) -> list[Registered]:
-    return _nvme(config) + _gpu(config) + [_clock(config)]
+    entries = _nvme(config) + _gpu(config) + [_clock(config)]
+    pre = config.preemption
+    if pre.provider != "none":
+        collector = PreemptionCollector(
+            provider=pre.provider,
+            interval_s=pre.interval_s,
+            timeout_s=pre.timeout_s,
+            aws_url=pre.aws_url,
+            gcp_url=pre.gcp_url,
+            azure_url=pre.azure_url,
+            redetect_s=pre.redetect_s,
+            gcp_deadline_s=pre.gcp_deadline_s,
+        )
+        entries.append(Registered(collector, [SpotNoticeDetector(config.node)]))
+    return entries
 
 
 def clock_of(entries: list[Registered]) -> ClockCollector | None:

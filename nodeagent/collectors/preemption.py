@@ -1,0 +1,194 @@
+"""Preemption notices from the cloud's metadata service: AWS spot ``instance-action``
+(IMDSv2), GCP ``instance/preempted``, Azure Scheduled Events ``Preempt``.
+
+A notice gives the job two minutes (AWS), thirty seconds (GCP) or so to make a durable
+checkpoint, so it is polled every couple of seconds. The provider is a setting, or
+detected (AWS's token endpoint, then GCP's ``Metadata-Flavor`` header, then Azure's
+instance endpoint); off any cloud detection fails quickly and is retried only every
+``redetect_s``, the collector reporting itself unavailable meanwhile.
+
+``values`` = ``{"provider": str, "notice": None | {"action", "deadline" (ISO 8601 UTC),
+"detail"}}``. A metadata service that errors makes the collection fail (the daemon records
+it), not a notice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from nodeagent.collectors.base import CollectorUnavailable, Sample
+
+AWS_TOKEN_TTL_S = 21600
+PROVIDERS = ("aws", "gcp", "azure")
+# Metadata services are link-local: never through an http_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class MetadataError(OSError):
+    """The metadata service answered something unusable."""
+
+
+class PreemptionCollector:
+    name = "preemption"
+
+    def __init__(
+        self,
+        *,
+        provider: str = "auto",
+        interval_s: float = 2.0,
+        timeout_s: float = 0.5,
+        aws_url: str = "http://169.254.169.254",
+        gcp_url: str = "http://metadata.google.internal",
+        azure_url: str = "http://169.254.169.254",
+        redetect_s: float = 300.0,
+        gcp_deadline_s: float = 30.0,
+    ) -> None:
+        self.interval_s = interval_s
+        self._wanted = provider
+        self._timeout = timeout_s
+        self._urls = {"aws": aws_url.rstrip("/"), "gcp": gcp_url.rstrip("/")}
+        self._urls["azure"] = azure_url.rstrip("/")
+        self._redetect_s = redetect_s
+        self._gcp_deadline_s = gcp_deadline_s
+        self._provider: str | None = None if provider == "auto" else provider
+        self._failed_at: float | None = None
+        self._token: tuple[str, float] | None = None  # (IMDSv2 token, monotonic expiry)
+        self._gcp_since: datetime | None = None
+        self._azure_name: str | None = None
+
+    def collect(self, now: float) -> Sample:
+        provider = self._provider or self._detect()
+        notice = {"aws": self._aws, "gcp": self._gcp, "azure": self._azure}[provider]()
+        return Sample(
+            collector=self.name, time=now, values={"provider": provider, "notice": notice}
+        )
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _request(self, url: str, headers: dict[str, str], method: str = "GET") -> tuple[int, str]:
+        """(status, body); 4xx answers are answers, anything else raises OSError."""
+        status, body, _ = self._fetch(url, headers, method)
+        return status, body
+
+    def _fetch(
+        self, url: str, headers: dict[str, str], method: str = "GET"
+    ) -> tuple[int, str, dict[str, str]]:
+        request = urllib.request.Request(url, headers=headers, method=method)
+        try:
+            with _OPENER.open(request, timeout=self._timeout) as response:
+                body = response.read().decode(errors="replace")
+                return response.status, body, dict(response.headers)
+        except urllib.error.HTTPError as exc:
+            if 400 <= exc.code < 500:
+                return exc.code, exc.read().decode(errors="replace"), dict(exc.headers)
+            raise MetadataError(f"{url}: HTTP {exc.code}") from None
+
+    def _detect(self) -> str:
+        mono = time.monotonic()
+        if self._failed_at is not None and mono - self._failed_at < self._redetect_s:
+            raise CollectorUnavailable("no cloud metadata service (tried aws, gcp, azure)")
+        for provider, probe in (
+            ("aws", self._aws_token),
+            ("gcp", self._gcp_probe),
+            ("azure", self._azure_probe),
+        ):
+            try:
+                probe()
+            except OSError:
+                continue
+            self._provider = provider
+            return provider
+        self._failed_at = mono
+        raise CollectorUnavailable("no cloud metadata service (tried aws, gcp, azure)")
+
+    # -- AWS ---------------------------------------------------------------------------
+
+    def _aws_token(self) -> str:
+        if self._token is not None and time.monotonic() < self._token[1]:
+            return self._token[0]
+        headers = {"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)}
+        status, body = self._request(f"{self._urls['aws']}/latest/api/token", headers, "PUT")
+        if status != 200 or not body:
+            raise MetadataError(f"IMDSv2 token: HTTP {status}")
+        self._token = (body.strip(), time.monotonic() + AWS_TOKEN_TTL_S - 60)
+        return self._token[0]
+
+    def _aws(self) -> dict[str, Any] | None:
+        url = f"{self._urls['aws']}/latest/meta-data/spot/instance-action"
+        status, body = self._request(url, {"X-aws-ec2-metadata-token": self._aws_token()})
+        if status == 401:  # the token expired early (instance stopped and started)
+            self._token = None
+            status, body = self._request(url, {"X-aws-ec2-metadata-token": self._aws_token()})
+        if status == 404:
+            return None
+        if status != 200:
+            raise MetadataError(f"instance-action: HTTP {status}")
+        try:
+            doc = json.loads(body)
+            action = doc.get("action") or doc["instance-action"]
+            deadline = datetime.fromisoformat(doc["time"]).astimezone(UTC)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise MetadataError(f"instance-action: unreadable {body[:120]!r}") from exc
+        return _notice(action, deadline, "spot instance-action")
+
+    # -- GCP ---------------------------------------------------------------------------
+
+    def _gcp_probe(self) -> None:
+        url = f"{self._urls['gcp']}/computeMetadata/v1/"
+        status, _, headers = self._fetch(url, {"Metadata-Flavor": "Google"})
+        if status != 200 or headers.get("Metadata-Flavor") != "Google":
+            raise MetadataError("not GCP's metadata server")
+
+    def _gcp(self) -> dict[str, Any] | None:
+        url = f"{self._urls['gcp']}/computeMetadata/v1/instance/preempted"
+        status, body = self._request(url, {"Metadata-Flavor": "Google"})
+        if status != 200:
+            raise MetadataError(f"instance/preempted: HTTP {status}")
+        if body.strip() != "TRUE":
+            self._gcp_since = None
+            return None
+        # GCP gives no deadline: preemption comes about 30 s after the flag turns TRUE.
+        self._gcp_since = self._gcp_since or datetime.now(UTC)
+        deadline = self._gcp_since + timedelta(seconds=self._gcp_deadline_s)
+        return _notice("terminate", deadline, "instance/preempted is TRUE")
+
+    # -- Azure -------------------------------------------------------------------------
+
+    def _azure_probe(self) -> None:
+        url = f"{self._urls['azure']}/metadata/instance?api-version=2021-02-01"
+        status, _ = self._request(url, {"Metadata": "true"})
+        if status != 200:
+            raise MetadataError(f"Azure instance metadata: HTTP {status}")
+
+    def _azure(self) -> dict[str, Any] | None:
+        base, headers = self._urls["azure"], {"Metadata": "true"}
+        if self._azure_name is None:
+            url = f"{base}/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+            status, body = self._request(url, headers)
+            self._azure_name = body.strip() if status == 200 else ""
+        url = f"{base}/metadata/scheduledevents?api-version=2020-07-01"
+        status, body = self._request(url, headers)
+        if status != 200:
+            raise MetadataError(f"scheduledevents: HTTP {status}")
+        try:
+            events = json.loads(body)["Events"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MetadataError(f"scheduledevents: unreadable {body[:120]!r}") from exc
+        for event in events:
+            resources = event.get("Resources") or []
+            mine = not resources or not self._azure_name or self._azure_name in resources
+            if event.get("EventType") == "Preempt" and mine:
+                not_before = event.get("NotBefore") or ""
+                deadline = parsedate_to_datetime(not_before) if not_before else datetime.now(UTC)
+                return _notice("preempt", deadline.astimezone(UTC), event.get("EventId", ""))
+        return None
+
+
+def _notice(action: str, deadline: datetime, detail: str) -> dict[str, Any]:
+    return {"action": action, "deadline": deadline.isoformat(), "detail": detail}

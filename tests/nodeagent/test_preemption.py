@@ -1,0 +1,159 @@
+"""PreemptionCollector against local HTTP servers playing AWS, GCP and Azure metadata, and
+SpotNoticeDetector."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from nodeagent.collectors.base import CollectorUnavailable, Sample
+from nodeagent.collectors.preemption import MetadataError, PreemptionCollector
+from nodeagent.detectors.preemption import SpotNoticeDetector
+from nodeagent.sim.metadata import MetadataServer
+from proto.events import SpotNotice
+
+
+@pytest.fixture
+def metadata(request: pytest.FixtureRequest) -> Iterator[MetadataServer]:
+    providers = getattr(request, "param", ("aws", "gcp", "azure"))
+    server = MetadataServer(providers).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def collector(server: MetadataServer, provider: str = "auto") -> PreemptionCollector:
+    url = server.url
+    return PreemptionCollector(provider=provider, aws_url=url, gcp_url=url, azure_url=url)
+
+
+def notice_of(c: PreemptionCollector) -> dict[str, str] | None:
+    notice: dict[str, str] | None = c.collect(0.0).values["notice"]
+    return notice
+
+
+def test_aws_imdsv2_token_then_instance_action(metadata: MetadataServer) -> None:
+    aws = collector(metadata, "aws")
+    assert aws.collect(0.0).values == {"provider": "aws", "notice": None}
+    metadata.preempt(120)
+    notice = notice_of(aws)
+    assert notice is not None
+    deadline = datetime.fromisoformat(notice["deadline"])
+    assert deadline.tzinfo is not None
+    assert 115 < (deadline - datetime.now(UTC)).total_seconds() <= 121
+    assert notice["action"] == "terminate" and notice["detail"] == "spot instance-action"
+    puts = [r for r in metadata.requests if r.startswith("PUT")]
+    assert puts == ["PUT /latest/api/token"], "one token, reused"
+    metadata.tokens.clear()  # the token is no longer valid: fetch another, once
+    assert notice_of(aws) is not None
+    assert [r for r in metadata.requests if r.startswith("PUT")] == ["PUT /latest/api/token"] * 2
+    metadata.withdraw()
+    assert notice_of(aws) is None
+
+
+@pytest.mark.parametrize("key", ["action", "instance-action"])
+def test_aws_both_keys(key: str) -> None:
+    class Imds(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            self._send(b"token")
+
+        def do_GET(self) -> None:
+            self._send(json.dumps({key: "stop", "time": "2026-11-05T10:02:00Z"}).encode())
+
+        def _send(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        notice = notice_of(PreemptionCollector(provider="aws", aws_url=url))
+        assert notice == {
+            "action": "stop",
+            "deadline": "2026-11-05T10:02:00+00:00",
+            "detail": "spot instance-action",
+        }
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("metadata", [("gcp",)], indirect=True)
+def test_gcp_preempted_flag_with_a_deadline_from_first_sight(metadata: MetadataServer) -> None:
+    gcp = collector(metadata)
+    assert gcp.collect(0.0).values == {"provider": "gcp", "notice": None}
+    metadata.preempt(30)
+    first, second = notice_of(gcp), notice_of(gcp)
+    assert first is not None and first == second, "the deadline is fixed at first sight"
+    left = (datetime.fromisoformat(first["deadline"]) - datetime.now(UTC)).total_seconds()
+    assert 28 < left <= 30
+    assert first["detail"] == "instance/preempted is TRUE"
+
+
+@pytest.mark.parametrize("metadata", [("azure",)], indirect=True)
+def test_azure_scheduled_preempt_event(metadata: MetadataServer) -> None:
+    azure = collector(metadata)
+    assert azure.collect(0.0).values == {"provider": "azure", "notice": None}
+    metadata.preempt(45)
+    notice = notice_of(azure)
+    assert notice is not None and notice["action"] == "preempt"
+    assert notice["detail"] == "602d9444-d2cd-49c7-8624-8643e7171297"
+    left = (datetime.fromisoformat(notice["deadline"]) - datetime.now(UTC)).total_seconds()
+    assert 40 < left <= 46
+
+
+def test_no_metadata_service_is_unavailable_and_not_retried_at_once() -> None:
+    dead = "http://127.0.0.1:9"  # the discard port: connection refused
+    lonely = PreemptionCollector(aws_url=dead, gcp_url=dead, azure_url=dead, redetect_s=60)
+    for _ in range(2):
+        with pytest.raises(CollectorUnavailable, match="no cloud metadata service"):
+            lonely.collect(0.0)
+
+
+@pytest.mark.parametrize("metadata", [("aws",)], indirect=True)
+def test_a_failing_service_fails_the_collection(metadata: MetadataServer) -> None:
+    aws = collector(metadata)
+    aws.collect(0.0)
+    metadata.stop()
+    with pytest.raises(OSError):
+        aws.collect(1.0)
+    gcp = PreemptionCollector(provider="gcp", gcp_url=metadata.url)
+    with pytest.raises(OSError):
+        gcp.collect(0.0)
+    assert issubclass(MetadataError, OSError)
+
+
+def test_spot_notice_once_per_notice() -> None:
+    detector = SpotNoticeDetector("node-2")
+    deadline = (datetime.now(UTC) + timedelta(seconds=90)).replace(microsecond=0)
+    notice = {"action": "terminate", "deadline": deadline.isoformat(), "detail": "x"}
+
+    def seen(t: float, present: bool) -> list[SpotNotice]:
+        values = {"provider": "aws", "notice": notice if present else None}
+        events = detector.observe(Sample(collector="preemption", time=t, values=values))
+        return [e for e in events if isinstance(e, SpotNotice)]
+
+    now = datetime.now(UTC).timestamp()
+    first = seen(now, True)
+    assert len(first) == 1 and seen(now + 2, True) == []
+    event = first[0]
+    assert (event.node, event.provider, event.action, event.deadline) == (
+        "node-2",
+        "aws",
+        "terminate",
+        deadline,
+    )
+    assert event.severity == "critical" and "in 90 s" in event.message
+    assert seen(now + 4, False) == [] and len(seen(now + 6, True)) == 1
