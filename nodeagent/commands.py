@@ -69,6 +69,9 @@ class CommandHandler:
             return await self._dispatch(cmd)
         except SupervisorError as exc:
             return self._reply(False, str(exc))
+        except Exception as exc:  # the coordinator must get an answer, never a timeout
+            log.error("command failed", command=name, error=repr(exc))
+            return self._reply(False, f"{name} failed on {self.node}: {exc!r}")
 
     async def _dispatch(self, cmd: CommandBase) -> CommandReply:
         match cmd:

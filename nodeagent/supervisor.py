@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import signal
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +78,11 @@ class Supervisor:
         async def progress(message: Progress) -> None:
             await self._on_progress(cmd.job, message)
 
-        channel = ControlChannel(jobdir / "control.sock", progress)
-        await channel.start()
+        channel = ControlChannel(socket_path(jobdir), progress)
+        try:
+            await channel.start()
+        except OSError as exc:
+            raise SupervisorError(f"cannot open the control socket {channel.path}: {exc}") from exc
         run = JobRun(cmd.job, cmd.attempt, Path(cmd.workdir or jobdir), channel)
         self.runs[cmd.job] = run
         argv = _argv(cmd.argv)
@@ -118,6 +123,10 @@ class Supervisor:
 
     async def _watch(self, run: JobRun, rank: int, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
+        # Whatever the rank left behind in its group (data-loader workers, helpers) is an
+        # orphan now: it goes too. The group id cannot be reused while members remain.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
         sig = -code if code < 0 else None
         log.info("rank exited", job=run.job, rank=rank, code=code)
         await self._on_event(
@@ -174,6 +183,16 @@ async def _wait_all(run: JobRun, timeout: float) -> None:
         await asyncio.wait(pending, timeout=timeout)
         for task in pending:
             task.cancel()
+
+
+def socket_path(jobdir: Path) -> Path:
+    """The job's control socket: in its directory when the path fits AF_UNIX's 108-byte
+    limit, else a short name derived from it in the temp dir."""
+    path = jobdir / "control.sock"
+    if len(os.fsencode(path)) < 100:
+        return path
+    digest = hashlib.sha1(os.fsencode(jobdir)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"ringmaster-{digest}.sock"
 
 
 def _argv(argv: list[str]) -> list[str]:

@@ -16,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> None:
+    home = tmp_path / "cluster"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "nvme_spike.py"), "--home", str(tmp_path)],
+        [sys.executable, str(ROOT / "examples" / "nvme_spike.py"), "--home", str(home)],
         capture_output=True,
         text=True,
         timeout=380,
@@ -30,4 +31,4 @@ def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> 
         next(line for line in done.stdout.splitlines() if line.startswith('{"start_to'))
     )
     assert 0 < figures["spike_event_to_paused_s"] < figures["inject_to_paused_s"]
-    assert not list(tmp_path.glob("pids/*.pid")), "down must remove every PID file"
+    assert not list(home.glob("pids/*.pid")), "down must remove every PID file"
