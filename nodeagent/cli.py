@@ -9,11 +9,12 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from nodeagent.config import AgentConfig, ConfigError, load
-from nodeagent.registry import build
+from nodeagent.registry import build, preflight
 from nodeagent.sampling import close_all, run_once
 from proto import ensure_ours
 from ringmaster.log import configure
@@ -33,7 +34,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--advertise-addr", dest="advertise_addr")
     p.add_argument("--simulated", action="store_true", default=None)
     p.add_argument("--once", action="store_true", help="print one sample of every collector")
-    p.add_argument("--json", action="store_true", help="with --once: JSON output")
+    p.add_argument("--preflight", action="store_true", help="check the host; exit 1 if unfit")
+    p.add_argument("--json", action="store_true", help="with --once or --preflight: JSON")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
     return p.parse_args(argv)
 
@@ -82,6 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
     configure("nodeagent", json=args.log_json)
+    if args.preflight:
+        sample, status = run_once(preflight(config), time.time())
+        values: dict[str, Any] = sample.values if sample else {"ok": False, "error": status.error}
+        if args.json:
+            print(json.dumps(values, indent=2))
+        else:
+            for check in values.get("checks", []):
+                verdict = "ok  " if check["ok"] else "FAIL"
+                print(f"{verdict} {check['name']}: {check['value']} (want {check['want']})")
+        return 0 if values["ok"] else 1
     if args.once:
         result = sample_all(config)
         if args.json:

@@ -78,6 +78,16 @@ class PreemptionSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     sigterm_deadline_s: Positive = 30.0
 
 
+class PreflightSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    interval_s: Positive = 300.0
+    somaxconn_min: Annotated[int, msgspec.Meta(ge=0)] = 65535
+    data_dir: str = "/var/lib/ringmaster"
+    data_need_gb: NonNegative = 10.0
+    checkpoint_dir: str = "/var/lib/ringmaster/checkpoints"
+    checkpoint_need_gb: NonNegative = 10.0
+    shm_min_gb: NonNegative = 8.0
+
+
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: NodeId = msgspec.field(default_factory=lambda: socket.gethostname().split(".")[0])
     cluster: str = "local"
@@ -95,6 +105,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpu: GpuSettings = msgspec.field(default_factory=GpuSettings)
     clock: ClockSettings = msgspec.field(default_factory=ClockSettings)
     preemption: PreemptionSettings = msgspec.field(default_factory=PreemptionSettings)
+    preflight: PreflightSettings = msgspec.field(default_factory=PreflightSettings)
 
     def roots(self) -> Roots:
         return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))

@@ -15,6 +15,7 @@ from nodeagent.collectors.nvme_smart import NvmeSmartCollector
 from nodeagent.collectors.nvme_udev import NvmeUdevCollector
 from nodeagent.collectors.nvml import NvmlSession
 from nodeagent.collectors.preemption import PreemptionCollector
+from nodeagent.collectors.preflight import PreflightCollector, SpaceNeed
 from nodeagent.config import AgentConfig
 from nodeagent.detectors.base import Detector
 from nodeagent.detectors.clock import ClockDriftDetector
@@ -23,6 +24,7 @@ from nodeagent.detectors.gpu_topology import GpuTopologyDetector
 from nodeagent.detectors.nvme import NvmeLatencyDetector
 from nodeagent.detectors.nvme_readonly import NvmeReadonlyDetector
 from nodeagent.detectors.preemption import SpotNoticeDetector
+from nodeagent.detectors.preflight import PreflightDetector
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Registered:
 
 
 def build(config: AgentConfig) -> list[Registered]:
-    entries = _nvme(config) + _gpu(config) + [_clock(config)]
+    entries = [preflight(config), *_nvme(config), *_gpu(config), _clock(config)]
     pre = config.preemption
     if pre.provider != "none":
         collector = PreemptionCollector(
@@ -47,6 +49,23 @@ def build(config: AgentConfig) -> list[Registered]:
         )
         entries.append(Registered(collector, [SpotNoticeDetector(config.node)]))
     return entries
+
+
+def preflight(config: AgentConfig) -> Registered:
+    """Also run alone by ``nodeagent --preflight``."""
+    pre = config.preflight
+    needs = [
+        SpaceNeed("data", Path(pre.data_dir), pre.data_need_gb),
+        SpaceNeed("checkpoint", Path(pre.checkpoint_dir), pre.checkpoint_need_gb),
+    ]
+    collector = PreflightCollector(
+        config.roots(),
+        needs=needs,
+        interval_s=pre.interval_s,
+        somaxconn_min=pre.somaxconn_min,
+        shm_min_gb=pre.shm_min_gb,
+    )
+    return Registered(collector, [PreflightDetector(config.node)])
 
 
 def clock_of(entries: list[Registered]) -> ClockCollector | None:

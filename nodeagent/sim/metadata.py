@@ -34,7 +34,9 @@ class MetadataServer:
         self.requests: list[str] = []  # "METHOD path", for tests
         self._server = ThreadingHTTPServer((host, 0), _handler(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -87,6 +87,9 @@ class SimulatedNode:
         self._readonly: NvmeReadonlyFault | None = None
         self._disks: dict[str, _Disk] = {}
         self.roots.procfs.mkdir(parents=True, exist_ok=True)
+        # What preflight reads: a tuned backlog, and a /dev/shm (the tree's own disk).
+        _write_new(self.roots.procfs / "sys" / "net" / "core" / "somaxconn", "65535\n")
+        (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)
         block = self.roots.sysfs / "block"
         block.mkdir(parents=True, exist_ok=True)
         for i in range(nvme_devices):
@@ -205,6 +208,11 @@ class SimulatedNode:
         active += [str(self._readonly)] if self._readonly else []
         active += [str(self._clock)] if self._clock else []
         return active + (self.gpus.faults() if self.gpus is not None else [])
+
+
+def _write_new(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write(path, text)
 
 
 def _write(path: Path, text: str) -> None:

@@ -76,7 +76,7 @@ def test_aws_both_keys(key: str) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         notice = notice_of(PreemptionCollector(provider="aws", aws_url=url))
