@@ -145,7 +145,7 @@ def test_spot_notice_once_per_notice() -> None:
         events = detector.observe(Sample(collector="preemption", time=t, values=values))
         return [e for e in events if isinstance(e, SpotNotice)]
 
-    now = datetime.now(UTC).timestamp()
+    now = deadline.timestamp() - 90
     first = seen(now, True)
     assert len(first) == 1 and seen(now + 2, True) == []
     event = first[0]
