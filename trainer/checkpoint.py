@@ -137,6 +137,10 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the last persist, then drop this rank's staged copy."""
         self.wait()
+        self.discard_staging()
+
+    def discard_staging(self) -> None:
+        """Drop this rank's staged copy (and the job's staging dir once it is empty)."""
         shutil.rmtree(self.staging, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.staging.parent.rmdir()  # only once every rank on the node has left

@@ -112,6 +112,8 @@ class Trainer:
         if self.checkpointer.last_step != self.step:
             self._checkpoint()
         self.checkpointer.wait()
+        if self.checkpointer.durable_step != self.step:
+            raise RuntimeError(f"the final checkpoint (step {self.step}) did not become durable")
         self.log("finished", step=self.step, outcome=outcome)
         return outcome
 

@@ -3,30 +3,47 @@
 The agent stops ranks with SIGTERM, then SIGKILL. A half-finished step is worth nothing
 (resume restarts from the last durable checkpoint, and an in-flight persist is harmless
 because ``latest`` moves only after its manifest), so nothing is flushed or saved: the
-Python handler exits at once. Python runs handlers only between bytecodes of the main
-thread, and a rank can be stuck in a C++ collective waiting for a peer that is already
-gone; so a watchdog thread, woken through ``signal.set_wakeup_fd``, ends the process
-after :data:`GRACE_S` if the handler has not run by then.
+Python handler runs the registered cleanups (dropping staged copies, which would
+otherwise hold RAM in ``/dev/shm``) and exits. Python runs handlers only between
+bytecodes of the main thread, and a rank can be stuck in a C++ collective waiting for a
+peer that is already gone; so a watchdog thread, woken through ``signal.set_wakeup_fd``,
+ends the process after :data:`GRACE_S` if the handler has not run by then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 EXIT_STATUS = 128 + signal.SIGTERM
 GRACE_S = 3.0
 _wakeup: list[socket.socket] = []  # keeps the socketpair (and its fds) alive
+_cleanups: list[Callable[[], None]] = []
+
+
+def on_sigterm(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` (quick, local work only) before exiting on SIGTERM."""
+    _cleanups.append(cleanup)
+
+
+def _leave() -> None:
+    for cleanup in _cleanups:
+        with contextlib.suppress(Exception):
+            cleanup()
+    # os._exit, not sys.exit: peers may be gone, and any collective would hang
+    os._exit(EXIT_STATUS)
 
 
 def _exit_now(signum: int, frame: FrameType | None) -> None:
     print("trainer: SIGTERM, exiting", file=sys.stderr, flush=True)
-    os._exit(EXIT_STATUS)  # no cleanup: peers may be gone and collectives would hang
+    _leave()
 
 
 def _watchdog(wakeup: socket.socket) -> None:
@@ -35,7 +52,7 @@ def _watchdog(wakeup: socket.socket) -> None:
         if not data or signal.SIGTERM in data:
             break
     time.sleep(GRACE_S)
-    os._exit(EXIT_STATUS)
+    _leave()
 
 
 def install() -> None:

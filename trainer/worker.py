@@ -134,6 +134,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             engine=engine.name,
             persist_delay_s=hooks.persist_delay_s,
         )
+        termination.on_sigterm(checkpointer.discard_staging)
         control = StepControl(launch.rank, device, link, enabled=hooks.control_broadcast)
         trainer = Trainer(launch.spec, engine, batches, checkpointer, control, link, log, hooks)
         trainer.resume()

@@ -16,7 +16,7 @@ import torch
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from trainer import durable
-from trainer.checkpoint import Coordination, find_resumable, load_file
+from trainer.checkpoint import Coordination, default_staging_dir, find_resumable, load_file
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -157,14 +157,18 @@ def test_stop_checkpoints_and_exits_zero(tmp_path: Path, launch: Any, make_spec:
     agent.close()
 
 
-def test_sigterm_exits_quickly_and_nonzero(
+def test_sigterm_exits_quickly_nonzero_and_drops_staged_copies(
     tmp_path: Path, launch: Any, make_spec: MakeSpec
 ) -> None:
     agent = FakeAgent(tmp_path / "agent.sock")
-    ranks = launch(make_spec(train={"steps": 100_000}), socket_path=agent.path)
-    agent.wait_for(StepDone, lambda m: m.step >= 2)
+    spec = make_spec(train={"steps": 100_000}, checkpoint={"every_steps": 2})
+    ranks = launch(spec, socket_path=agent.path)
+    agent.wait_for(Checkpointed)
+    staging = default_staging_dir(launch.job_id, tmp_path)
+    assert sorted(p.name for p in staging.iterdir()) == ["rank-0", "rank-1"]
     ranks.signal(signal.SIGTERM)
     start = time.monotonic()
     assert ranks.wait(timeout=15) == [143, 143]
     assert time.monotonic() - start < 10
+    assert not staging.exists()
     agent.close()

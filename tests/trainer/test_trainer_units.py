@@ -21,6 +21,7 @@ from trainer.launch import SpecError, read_launch, torch_threads
 from trainer.model import GPT, count_params
 from trainer.precision import apply_precision, count_float8_linears
 from trainer.presets import PRESETS, get_preset
+from trainer.tokenize import main as tokenize_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,3 +166,16 @@ def test_bad_spec_is_one_line_and_exit_2(tmp_path: Path, toml: str, message: str
     assert done.returncode == 2
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_tokenize_writes_byte_tokens_the_data_reader_reads(tmp_path: Path) -> None:
+    text = tmp_path / "a.txt"
+    text.write_text("héllo, world\n" * 20)
+    out = tmp_path / "a.bin"
+    assert tokenize_main([str(text), "-o", str(out)]) == 0
+    tokens = np.fromfile(out, dtype=np.uint16)
+    assert bytes(tokens.astype(np.uint8)) == text.read_bytes()
+    batches = Batches(str(out), seq_len=15, vocab_size=256, seed=0, layout=Layout(2, 1), rank=0)
+    inputs, _ = batches.batch(0)
+    assert inputs.shape == (2, 15) and int(inputs.max()) < 256
+    assert tokenize_main([str(tmp_path / "missing.txt"), "-o", str(out)]) == 2
