@@ -14,6 +14,7 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from nodeagent import systemd_notify
 from nodeagent.collectors.base import BusAttached
 from nodeagent.commands import CommandHandler
 from nodeagent.config import AgentConfig, detect_addr
@@ -117,7 +118,8 @@ class Agent:
         tasks.append(asyncio.create_task(self._heartbeat_loop(nc)))
         log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)
         try:
-            await stop.wait()
+            async with systemd_notify.service(f"{self.node} up at {self.addr}", self._status):
+                await stop.wait()
         finally:
             log.info("agent stopping", node=self.node)
             await self._outbox.drain(2.0)
@@ -128,6 +130,12 @@ class Agent:
             await self.supervisor.close()
             with contextlib.suppress(Exception):
                 await nc.drain()
+
+    def _status(self) -> str:
+        """systemd's STATUS= line: how many collectors read, which faults are open."""
+        ok = sum(s.ok for s in self.statuses.values())
+        faults = ", ".join(self.telemetry.faults) or "none"
+        return f"{ok}/{len(self.statuses)} collectors ok; faults: {faults}"
 
     def _gpus(self) -> int:
         return self.config.gpus if self.config.gpus is not None else len(self.telemetry.gpus)
