@@ -143,9 +143,12 @@ def main() -> None:
             tr.append(torchrun_trial(home, n))
             print(f"trial {n}: ringmaster {rm[-1]:.2f} s, torchrun {tr[-1]:.2f} s", flush=True)
         spikes = spike_trials(home, args.spikes)
-    finally:
+    except BaseException:
+        print(f"kept {home} for inspection", file=sys.stderr)
         ctl("down")
-        shutil.rmtree(home, ignore_errors=True)
+        raise
+    ctl("down")
+    shutil.rmtree(home, ignore_errors=True)
     rm_med, tr_med = statistics.median(rm), statistics.median(tr)
     inject = [a for a, _ in spikes]
     event = [b for _, b in spikes]
