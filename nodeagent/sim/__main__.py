@@ -1,9 +1,12 @@
 """``python -m nodeagent.sim``: simulate the hardware of several nodes in one process.
 
-Each node gets ``<root>/<node>/sys`` and ``<root>/<node>/proc``, ticked every ``--tick``
-seconds, and a NATS responder on ``proto.subjects.sim(cluster, node)`` that applies
-``InjectFault`` requests. ``<root>/<node>/.ready`` appears once the tree has been ticked and
-injection is being served, so whoever starts agents after it can wait for that file.
+Each node gets ``<root>/<node>/sys``, ``proc`` and ``dev``, ticked every ``--tick`` seconds,
+``--gpus`` GPUs behind a stub NVML library in ``nvml/``, a cloud metadata service on a local
+port, and a NATS responder on ``proto.subjects.sim(cluster, node)`` that applies
+``InjectFault`` requests. ``<root>/<node>/agent.toml`` holds the settings that point that
+node's agent at all this (start it with ``--config``). ``<root>/<node>/.ready`` appears once
+the tree has been ticked, the config written and injection is being served, so whoever
+starts agents after it can wait for that file.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import nats
 import structlog
 from nats.aio.msg import Msg
 
+from nodeagent.sim import agent_config
+from nodeagent.sim.metadata import MetadataServer
 from nodeagent.sim.node import SimulatedNode
 from proto import subjects
 from proto.api import InjectFault, InjectReply
@@ -80,10 +85,25 @@ def handle_inject(node: SimulatedNode, data: bytes) -> InjectReply:
 
 
 async def run(args: argparse.Namespace) -> None:
-    nodes = [SimulatedNode(args.root / n, n, args.nvme_devices, gpus=args.gpus) for n in args.nodes]
+    services = {n: MetadataServer().start() for n in args.nodes}
+    nodes = [
+        SimulatedNode(args.root / n, n, args.nvme_devices, gpus=args.gpus, metadata=services[n])
+        for n in args.nodes
+    ]
     for node in nodes:
         (node.root / ".ready").unlink(missing_ok=True)  # a marker left by an earlier run
         node.tick(args.tick)
+        agent_config.write(node)
+        if node.gpus is not None and node.gpus.error:
+            log.warning("no simulated GPUs", node=node.node, error=node.gpus.error)
+    try:
+        await _run(args, nodes)
+    finally:
+        for service in services.values():
+            service.stop()
+
+
+async def _run(args: argparse.Namespace, nodes: list[SimulatedNode]) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_tick_forever, nodes, args.tick)

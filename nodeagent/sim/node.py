@@ -22,9 +22,11 @@ from nodeagent.sim.faults import (
     NvmeLatencyFault,
     NvmeReadonlyFault,
     PcieBwFault,
+    SpotNoticeFault,
     parse_fault,
 )
 from nodeagent.sim.gpus import SimulatedGpus
+from nodeagent.sim.metadata import MetadataServer
 
 BASELINE_US = 20.0  # healthy datacentre NVMe under a training job's read load
 NOISE_US = 2.0  # ± per tick
@@ -76,10 +78,13 @@ class SimulatedNode:
         gpus: int = 0,
         seed: int | None = None,
         nvml_cache: Path | None = None,
+        metadata: MetadataServer | None = None,
     ) -> None:
         self.root = root
         self.node = node
-        self.roots = Roots(sysfs=root / "sys", procfs=root / "proc")
+        self.roots = Roots(sysfs=root / "sys", procfs=root / "proc", dev=root / "dev")
+        self.metadata = metadata  # the node's cloud metadata service, for spot notices
+        self._spot: SpotNoticeFault | None = None
         self._rng = random.Random(seed)
         cache = nvml_cache or root.parent / ".nvml-cache"
         self.gpus = SimulatedGpus(root / "nvml", gpus, cache, self._rng) if gpus else None
@@ -171,16 +176,24 @@ class SimulatedNode:
                 raise ValueError(f"{self.node}: {exc}") from None
         elif isinstance(parsed, ClockOffsetFault):
             self._set_skew(parsed)
+        elif isinstance(parsed, SpotNoticeFault):
+            if self.metadata is None:
+                raise ValueError(f"{self.node} has no metadata service to give notice")
+            self.metadata.preempt(parsed.deadline_s)
+            self._spot = parsed
         elif isinstance(parsed, ClearFault):
             self._set_skew(None)
+            if self.metadata is not None:
+                self.metadata.withdraw()
+            self._spot = None
             self._latency = {}
             self._readonly = None
             self._set_readonly(False)
             if self.gpus is not None:
                 self.gpus.clear()
-        else:
+        else:  # kill-worker, kill-agent: coordinatorctl signals those processes itself
             name = fault.strip().partition("=")[0]
-            raise ValueError(f"fault {name} is not simulated yet")
+            raise ValueError(f"fault {name} is not the simulator's: coordinatorctl does it")
 
     def _set_skew(self, fault: ClockOffsetFault | None) -> None:
         """The agent adds this file's milliseconds to its clock readings (``clock.skew_file``);
@@ -207,6 +220,7 @@ class SimulatedNode:
         active = [str(f) for f in self._latency.values()]
         active += [str(self._readonly)] if self._readonly else []
         active += [str(self._clock)] if self._clock else []
+        active += [str(self._spot)] if self._spot else []
         return active + (self.gpus.faults() if self.gpus is not None else [])
 
 

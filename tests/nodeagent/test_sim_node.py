@@ -119,7 +119,8 @@ def test_latency_is_accurate_over_short_windows(clock: Clock) -> None:
     [
         ("nvme-latency=500@nvme7n1", "node-0 has no device nvme7n1 (it has nvme0n1, nvme1n1)"),
         ("gpu-temp=95", "node-0 has no GPUs"),
-        ("kill-agent", "fault kill-agent is not simulated yet"),
+        ("kill-agent", "fault kill-agent is not the simulator's: coordinatorctl does it"),
+        ("spot-notice=30", "node-0 has no metadata service to give notice"),
         ("nvme-readonly=maybe", "expected nvme-readonly=on|off"),
     ],
 )

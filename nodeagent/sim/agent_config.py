@@ -1,0 +1,90 @@
+"""The agent settings of a simulated node, written to ``<node>/agent.toml``.
+
+The agent on a simulated node is the real agent; this file only points its roots and
+sources at what the simulator keeps for that node (trees, stub NVML library, SMART logs,
+clock skew, metadata service), and shortens intervals and hold times so that an injected
+fault shows within seconds. Whoever starts the agent passes ``--config <node>/agent.toml``;
+command-line flags still override it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nodeagent.sim.node import SimulatedNode
+
+FILE = "agent.toml"
+
+
+def settings(node: SimulatedNode) -> dict[str, Any]:
+    tree = node.root
+    gpu: dict[str, Any] = {"interval_s": 1.0, "topology_interval_s": 2.0}
+    gpu |= {"thermal_hold_s": 3.0, "pcie_min_gbps": 12.0, "pcie_hold_s": 3.0}
+    gpu |= {"expect_nvlink": "all"}
+    if node.gpus is not None and node.gpus.library is not None:
+        gpu["nvml_library"] = str(node.gpus.library)
+    preemption: dict[str, Any] = {"provider": "none", "sigterm_notice": False}
+    if node.metadata is not None:
+        preemption |= {"provider": "aws", "aws_url": node.metadata.url, "interval_s": 1.0}
+    return {
+        "sysfs": str(node.roots.sysfs),
+        "procfs": str(node.roots.procfs),
+        "dev": str(node.roots.dev),
+        "simulated": True,
+        "nvme": {
+            "udev": False,  # the host's uevents are not this node's
+            "smart_command": ["cat", f"{node.smart_dir}/{{device}}.json"],
+            "smart_interval_s": 5.0,
+        },
+        "gpu": gpu,
+        "clock": {
+            "adjtimex": False,  # the host kernel's sync state is not this node's
+            "chronyc": [],
+            "skew_file": str(node.skew_file),
+            "step_command": ["rm", "-f", str(node.skew_file)],
+            "peer_interval_s": 2.0,
+            "hold_s": 2.0,
+        },
+        "preemption": preemption,
+        "preflight": {
+            "data_dir": str(tree),
+            "checkpoint_dir": str(tree / "checkpoints"),
+            "shm_min_gb": 1.0,
+        },
+    }
+
+
+def write(node: SimulatedNode, overrides: dict[str, Any] | None = None) -> Path:
+    """``<node>/agent.toml``; ``overrides`` merge into sections (tests tighten timings)."""
+    data = settings(node)
+    for key, value in (overrides or {}).items():
+        data[key] = data[key] | value if isinstance(value, dict) else value
+    path = node.root / FILE
+    partial = path.with_suffix(".tmp")
+    partial.write_text(to_toml(data))
+    partial.replace(path)
+    return path
+
+
+def to_toml(data: dict[str, Any]) -> str:
+    """Top-level keys, then one table per section; values are strings, numbers, booleans
+    and lists of those (msgspec reads TOML but writes it only with tomli_w)."""
+    lines = [f"{k} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for section, table in data.items():
+        if isinstance(table, dict):
+            lines += ["", f"[{section}]", *(f"{k} = {_value(v)}" for k, v in table.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
