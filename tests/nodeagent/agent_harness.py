@@ -1,0 +1,151 @@
+"""Running the real agent as a process against a real nats-server, and watching what it
+publishes: events (through the JetStream stream the coordinator would create) and
+heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import StreamConfig
+
+from proto import subjects
+from proto.node import Heartbeat
+
+REPO = Path(__file__).resolve().parents[2]
+Match = Callable[[dict[str, Any]], bool]
+
+
+def kind(name: str, **fields: Any) -> Match:
+    """Matches events of one kind whose fields equal ``fields``."""
+    return lambda e: e["kind"] == name and all(e.get(k) == v for k, v in fields.items())
+
+
+class Tap:
+    """Every event and heartbeat of one cluster, in arrival order."""
+
+    def __init__(self, nc: Client, cluster: str) -> None:
+        self.nc = nc
+        self.cluster = cluster
+        self.events: list[dict[str, Any]] = []
+        self.beats: list[Heartbeat] = []
+        self._news = asyncio.Event()
+
+    @classmethod
+    async def open(cls, url: str, cluster: str) -> Tap:
+        nc = await nats.connect(url)
+        tap = cls(nc, cluster)
+        await nc.jetstream().add_stream(
+            StreamConfig(
+                name=subjects.events_stream(cluster), subjects=subjects.events_all(cluster)
+            )
+        )
+        for subject in subjects.events_all(cluster):
+            await nc.subscribe(subject, cb=tap._on_event)
+        await nc.subscribe(subjects.heartbeats(cluster), cb=tap._on_beat)
+        await nc.flush()
+        return tap
+
+    async def _on_event(self, msg: Msg) -> None:
+        self.events.append(json.loads(msg.data))
+        self._news.set()
+
+    async def _on_beat(self, msg: Msg) -> None:
+        self.beats.append(msgspec.json.decode(msg.data, type=Heartbeat))
+        self._news.set()
+
+    async def wait(self, *matches: Match, since: int = 0, timeout: float = 15.0) -> None:
+        """Until every match has an event from index ``since`` on."""
+        deadline = time.monotonic() + timeout
+        while not all(any(m(e) for e in self.events[since:]) for m in matches):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [i for i, m in enumerate(matches) if not any(map(m, self.events[since:]))]
+                raise AssertionError(f"no event for matches {missing}; got {self.events[since:]}")
+            self._news.clear()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._news.wait(), left)
+
+    async def beat(self, check: Callable[[Heartbeat], bool], timeout: float = 10.0) -> Heartbeat:
+        deadline = time.monotonic() + timeout
+        seen = len(self.beats)
+        while time.monotonic() < deadline:
+            for beat in self.beats[seen:]:
+                if check(beat):
+                    return beat
+            seen = len(self.beats)
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"no matching heartbeat; last: {self.beats[-1:]}")
+
+    def count(self, match: Match, since: int = 0) -> int:
+        return sum(1 for e in self.events[since:] if match(e))
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
+@contextmanager
+def agent(
+    config: Path,
+    *,
+    node: str,
+    cluster: str,
+    nats_url: str,
+    run_dir: Path,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``nodeagent`` with this config; its log goes to ``run_dir/agent.log``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "nodeagent.cli", "--config", str(config), "--node", node]
+    argv += ["--cluster", cluster, "--nats", nats_url, "--run-dir", str(run_dir)]
+    argv += ["--advertise-addr", "127.0.0.1", "--log-json", *(extra or [])]
+    with (run_dir / "agent.log").open("wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class NotifySocket:
+    """A ``$NOTIFY_SOCKET`` as systemd would hold it, collecting what the agent says."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.setblocking(False)
+        self.messages: list[str] = []
+
+    def read(self) -> list[str]:
+        try:
+            while True:
+                self.messages.append(self.sock.recv(4096).decode())
+        except BlockingIOError:
+            return self.messages
+
+    def close(self) -> None:
+        self.sock.close()
