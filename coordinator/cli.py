@@ -23,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", default=os.environ.get("RINGMASTER_CLUSTER", "local"))
     p.add_argument("--id", default=f"coordinator-{socket.gethostname().split('.')[0]}")
     p.add_argument("--lease-ttl", type=float, default=2.0, help="seconds (default 2)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        choices=(1, 3, 5),
+        help="JetStream replicas for streams and buckets (3 on a 3-server NATS cluster)",
+    )
     p.add_argument("--log-json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -41,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await Coordinator(args.nats, args.cluster, args.id, args.lease_ttl).run(stop)
+        await Coordinator(
+            args.nats, args.cluster, args.id, args.lease_ttl, replicas=args.replicas
+        ).run(stop)
 
     asyncio.run(run())
     return 0

@@ -38,6 +38,7 @@ from proto.events import (
     JobStarted,
     JobStopped,
     JobSubmitted,
+    NodeRefused,
     Severity,
     WorkerExited,
 )
@@ -63,6 +64,7 @@ class JobManager:
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._exited_at: dict[str, float] = {}
         self._waiting_logged: dict[str, str] = {}
+        self._refusals: dict[str, dict[str, str]] = {}
 
     # -- persistence ------------------------------------------------------------------
 
@@ -296,6 +298,23 @@ class JobManager:
                     await self.apply(job, action)
         await self.flush()
 
+    async def _explain(self, job: JobRecord, skipped: dict[str, str]) -> None:
+        """One ``node.refused`` event per node and reason, so ``tail`` says why a node was
+        passed over (busy nodes are not news)."""
+        told = self._refusals.setdefault(job.id, {})
+        for node, reason in skipped.items():
+            if told.get(node) != reason and not reason.startswith("busy"):
+                told[node] = reason
+                await self.publish(
+                    NodeRefused(
+                        node=node,
+                        job=job.id,
+                        severity=Severity.WARNING,
+                        reason=reason,
+                        message=f"{node} not admitted: {reason}",
+                    )
+                )
+
     async def _start(self, job: JobRecord) -> None:
         """Admission → master port → launch on every node (a failure undoes the launch)."""
         spec = job.spec.job
@@ -320,6 +339,7 @@ class JobManager:
                 self._waiting_logged[job.id] = why
                 log.info("job waiting", job=job.id, why=why)
                 job.reason = why
+                await self._explain(job, adm.skipped)
             return
         nodes = [n.id for n in adm.chosen]
         reply = await self.cmd.send(nodes[0], ReservePort(job=job.id))
@@ -362,6 +382,9 @@ class JobManager:
             await self.save(job)
             return
         job.reason = ""
+        if spec.entry:
+            job.state = JobState.RUNNING  # a user's script sends no progress: running now
+        await self._explain(job, adm.skipped)
         message = f"{job.world_size} ranks on {', '.join(nodes)}; master {job.master_addr}"
         if restarting:
             event: EventBase = JobRestarted(

@@ -111,6 +111,9 @@ def all_exited(job: JobRecord) -> list[Action]:
         return [FinishJob(JobState.STOPPED, job.reason or "stopped")]
     if job.finished == "completed" or job.step >= job.target_steps:
         return [FinishJob(JobState.COMPLETED, f"reached step {job.step}")]
+    if job.spec.job.entry and all(code == 0 for code in job.exited_ranks.values()):
+        # A user's own script reports no steps: a clean exit of every rank is success.
+        return [FinishJob(JobState.COMPLETED, "every rank of the entry point exited 0")]
     return []
 
 

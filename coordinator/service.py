@@ -47,20 +47,24 @@ from ringmaster.bus import connect, publish_event
 
 log = structlog.get_logger()
 Handler = Callable[[bytes], Awaitable[None]]
+NODE_REFRESH_S = 5.0
 
 
 class Coordinator:
-    def __init__(self, nats_url: str, cluster: str, me: str, ttl: float = 2.0) -> None:
+    def __init__(
+        self, nats_url: str, cluster: str, me: str, ttl: float = 2.0, replicas: int = 1
+    ) -> None:
         self.nats_url, self.cluster, self.me, self.ttl = nats_url, cluster, me, ttl
+        self.replicas = replicas
         self.registry = Registry()
         self._lead_tasks: list[asyncio.Task[None]] = []
         self._lead_subs: list[Subscription] = []
-        self._node_written: dict[str, bytes] = {}
+        self._node_written: dict[str, tuple[object, float]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await connect(self.nats_url, self.me)
         js = nc.jetstream()
-        buckets = await ensure_layout(js, self.cluster)
+        buckets = await self._layout(js, stop)
         self.nc, self.js, self.buckets = nc, js, buckets
         election = Election(KvCasStore(buckets.leader), self.me, self.ttl)
         self.election = election
@@ -99,6 +103,20 @@ class Coordinator:
             with contextlib.suppress(Exception):
                 # close, not drain: draining waits for pull subscriptions' open fetches.
                 await nc.close()
+
+    async def _layout(self, js: JetStreamContext, stop: asyncio.Event) -> Buckets:
+        """Streams and buckets, retried while JetStream is not ready (a clustered server
+        still electing its meta leader, say)."""
+        delay = 0.2
+        while True:
+            try:
+                return await ensure_layout(js, self.cluster, self.replicas)
+            except Exception as exc:
+                if stop.is_set():
+                    raise
+                log.warning("JetStream not ready, retrying", error=repr(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def publish(self, event: EventBase) -> None:
         await publish_event(self.js, self.cluster, event)
@@ -224,8 +242,22 @@ class Coordinator:
             await asyncio.sleep(0.25)
 
     async def _write_nodes(self, buckets: Buckets) -> None:
+        """Node records go to KV when what an operator sees changes (state, faults, jobs)
+        and otherwise at most every ``NODE_REFRESH_S``: telemetry changes every beat, and
+        10,000 nodes must not mean 10,000 KV writes a second."""
         wall, mono = time.time(), time.monotonic()
         for node in self.registry.nodes.values():
+            key = (
+                node.state,
+                tuple(node.faults),
+                tuple(node.jobs),
+                node.drain_reason,
+                node.preflight_ok,
+                node.topology_ok,
+            )
+            written = self._node_written.get(node.id)
+            if written is not None and written[0] == key and mono - written[1] < NODE_REFRESH_S:
+                continue
             record = NodeRecord(
                 id=node.id,
                 state=node.state,
@@ -241,11 +273,12 @@ class Coordinator:
                 preflight_ok=node.preflight_ok,
                 topology_ok=node.topology_ok,
             )
-            data = encode(record)
-            if self._node_written.get(node.id) != data:
-                with contextlib.suppress(Exception):
-                    await buckets.nodes.put(node.id, data)
-                    self._node_written[node.id] = data
+            try:
+                await buckets.nodes.put(node.id, encode(record))
+            except Exception as exc:
+                log.warning("node record not written", node=node.id, error=repr(exc))
+                continue
+            self._node_written[node.id] = (key, mono)
 
     async def _on_submit(self, msg: Msg) -> None:
         try:

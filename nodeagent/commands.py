@@ -95,6 +95,12 @@ class CommandHandler:
             case _:
                 return self._reply(False, f"unsupported command {type(cmd).__name__}")
 
+    def observe_epoch(self, epoch: int) -> None:
+        """A leader announced itself: commands older than its epoch are stale from now."""
+        if epoch > self.epoch_seen:
+            log.info("new leader epoch", epoch=epoch)
+            self._remember(epoch)
+
     def _remember(self, epoch: int) -> None:
         if epoch > self.epoch_seen:
             self.epoch_seen = epoch

@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -23,8 +24,15 @@ from nodeagent.registry import Registered, build, clock_of
 from nodeagent.sampling import Health, close_all, pause, run_once_async, summarize
 from nodeagent.supervisor import Supervisor
 from proto import subjects
-from proto.codec import encode
-from proto.events import EventBase, NodeRegistered, Severity, SpotNotice, utcnow
+from proto.codec import decode_event, encode
+from proto.events import (
+    CoordinatorLeader,
+    EventBase,
+    NodeRegistered,
+    Severity,
+    SpotNotice,
+    utcnow,
+)
 from proto.node import CollectorStatus, Heartbeat, Telemetry
 from proto.progress import Progress
 from ringmaster.bus import connect, event_subject
@@ -98,7 +106,18 @@ class Agent:
             if msg.reply:
                 await msg.respond(encode(reply))
 
+        async def on_leader(msg: Msg) -> None:
+            # A new leader's announcement raises the fence before its first command:
+            # from here on, the deposed leader's epoch is refused.
+            with contextlib.suppress(msgspec.DecodeError):
+                event = decode_event(msg.data)
+                if isinstance(event, CoordinatorLeader):
+                    handler.observe_epoch(event.epoch)
+
         await nc.subscribe(subjects.command(cfg.cluster, self.node), cb=on_command)
+        await nc.subscribe(
+            subjects.event(cfg.cluster, "cluster", "-", "coordinator.leader"), cb=on_leader
+        )
         await self.emit(
             NodeRegistered(
                 addr=self.addr,

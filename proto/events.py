@@ -54,6 +54,12 @@ class PreflightCheck(msgspec.Struct, kw_only=True):
     want: str = ""
 
 
+class NodeRefused(EventBase, tag="node.refused"):
+    """Admission passed over a node for a job (an addition to the contract's kinds)."""
+
+    reason: str = ""
+
+
 class NodePreflight(EventBase, tag="node.preflight"):
     ok: bool = True
     checks: list[PreflightCheck] = msgspec.field(default_factory=list)
@@ -226,6 +232,7 @@ class CommandRefused(EventBase, tag="command.refused"):
 Event = (
     NodeRegistered
     | NodeLost
+    | NodeRefused
     | NodePreflight
     | Topology
     | TopologyDegraded
