@@ -65,6 +65,7 @@ class JobManager:
         self._exited_at: dict[str, float] = {}
         self._waiting_logged: dict[str, str] = {}
         self._refusals: dict[str, dict[str, str]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
 
     # -- persistence ------------------------------------------------------------------
 
@@ -80,17 +81,21 @@ class JobManager:
                     self._revs[key] = entry.revision
 
     async def save(self, job: JobRecord) -> None:
-        job.updated_at = time.time()
-        data = encode(job)
-        try:
-            if job.id in self._revs:
-                self._revs[job.id] = await self.kv.update(job.id, data, last=self._revs[job.id])
-            else:
-                self._revs[job.id] = await self.kv.create(job.id, data)
-            self._dirty.discard(job.id)
-        except KeyWrongLastSequenceError:
-            log.error("job record changed under us; another leader?", job=job.id)
-            raise
+        """Compare-and-set on the record's revision. Saves of one job are serialised: the
+        ticker, a launch and progress may all save the same job at once."""
+        async with self._locks.setdefault(job.id, asyncio.Lock()):
+            job.updated_at = time.time()
+            data = encode(job)
+            try:
+                if job.id in self._revs:
+                    last = self._revs[job.id]
+                    self._revs[job.id] = await self.kv.update(job.id, data, last=last)
+                else:
+                    self._revs[job.id] = await self.kv.create(job.id, data)
+                self._dirty.discard(job.id)
+            except KeyWrongLastSequenceError:
+                log.error("job record changed under us; another leader?", job=job.id)
+                raise
 
     async def flush(self) -> None:
         for job_id in list(self._dirty):
@@ -291,7 +296,7 @@ class JobManager:
             if job.state in (JobState.PENDING, JobState.RECOVERING) and not job.stopping:
                 task = self._starting.get(job.id)
                 if task is None or task.done():
-                    self._starting[job.id] = asyncio.create_task(self._start(job))
+                    self._starting[job.id] = asyncio.create_task(self._start_logged(job))
             exited = self._exited_at.get(job.id)
             if exited is not None and time.monotonic() - exited > 5.0:
                 for action in policy.overdue(job):
@@ -314,6 +319,12 @@ class JobManager:
                         message=f"{node} not admitted: {reason}",
                     )
                 )
+
+    async def _start_logged(self, job: JobRecord) -> None:
+        try:
+            await self._start(job)
+        except Exception as exc:  # retried on the next tick
+            log.error("job start failed", job=job.id, error=repr(exc))
 
     async def _start(self, job: JobRecord) -> None:
         """Admission → master port → launch on every node (a failure undoes the launch)."""
