@@ -129,3 +129,32 @@ def start_nats_server(
         time.sleep(0.02)
     proc.kill()
     raise RuntimeError(f"nats-server did not report its port within {timeout:.0f} s")
+
+
+def start_nats_cluster(run_dir: Path, size: int = 3) -> list[NatsServer]:
+    """``size`` servers joined by routes, JetStream clustered (R3 streams need 3)."""
+    ports = _free_ports(size)
+    servers = []
+    for i, port in enumerate(ports):
+        routes = [f"nats://127.0.0.1:{p}" for p in ports if p != port]
+        servers.append(
+            start_nats_server(
+                run_dir / f"server-{i}", name=f"ringmaster-{i}", cluster_port=port, routes=routes
+            )
+        )
+    for server in servers:
+        server.cluster_url = ",".join(s.url for s in servers)
+    return servers
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

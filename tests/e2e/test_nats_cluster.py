@@ -1,0 +1,140 @@
+"""A 3-server NATS cluster with R3 streams and buckets: kill one server mid-job and the
+job still completes (agents, coordinator and CLI reconnect to the survivors)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coordinator.embedded_nats import start_nats_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(400)
+def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
+    servers = start_nats_cluster(tmp_path / "nats", 3)
+    urls = servers[0].cluster_url or ""
+    procs: list[subprocess.Popen[bytes]] = []
+    env = {**os.environ, "RINGMASTER_NATS": urls, "RINGMASTER_HOME": str(tmp_path)}
+
+    def spawn(name: str, *args: str) -> None:
+        log = (tmp_path / f"{name}.log").open("wb")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        )
+
+    def ctl(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator.ctl.main", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def status(job: str) -> dict:
+        return json.loads(ctl("status", job, "--json"))
+
+    try:
+        nodes = tmp_path / "nodes"
+        # the simulator and agents reach the cluster through server 2, which survives
+        spawn(
+            "sim",
+            "nodeagent.sim",
+            "--root",
+            str(nodes),
+            "--nodes",
+            "node-0,node-1",
+            "--nats",
+            servers[2].url,
+            "--cluster",
+            "local",
+        )
+        deadline = time.monotonic() + 30
+        while not all((nodes / n / ".ready").exists() for n in ("node-0", "node-1")):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        spawn("coordinator", "coordinator.cli", "--id", "c0", "--nats", urls, "--replicas", "3")
+        for n in ("node-0", "node-1"):
+            spawn(
+                f"agent-{n}",
+                "nodeagent.cli",
+                "--node",
+                n,
+                "--nats",
+                urls,
+                "--run-dir",
+                str(nodes / n / "agent"),
+                "--sysfs",
+                str(nodes / n / "sys"),
+                "--procfs",
+                str(nodes / n / "proc"),
+                "--simulated",
+                "--gpus",
+                "1",
+                "--advertise-addr",
+                "127.0.0.1",
+            )
+        deadline = time.monotonic() + 90
+        while True:
+            done = subprocess.run(
+                [sys.executable, "-m", "coordinator.ctl.main", "status", "--json"],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
+            if done.returncode == 0:
+                ready = [n for n in json.loads(done.stdout)["nodes"] if n["state"] == "ready"]
+                if len(ready) == 2:
+                    break
+            assert time.monotonic() < deadline, "nodes never became ready"
+            time.sleep(0.5)
+        job = ctl(
+            "start",
+            str(ROOT / "examples" / "tiny.toml"),
+            "--set",
+            "train.steps=120",
+            "--set",
+            f"checkpoint.dir={tmp_path / 'ckpt'}",
+        ).strip()
+        deadline = time.monotonic() + 120
+        while status(job)["step"] < 20:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        servers[0].kill()
+        deadline = time.monotonic() + 240
+        while (final := status(job))["state"] != "completed":
+            assert final["state"] not in ("failed", "stopped"), final
+            assert time.monotonic() < deadline, final
+            time.sleep(0.5)
+        assert final["step"] == 120 and final["restarts"] == 0
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for server in servers:
+            server.stop()
+        for pidfile in tmp_path.glob("nodes/*/agent/jobs/*/rank-*.pid"):
+            pid = int(pidfile.read_text())
+            try:
+                os.killpg(pid, 9)
+            except ProcessLookupError:
+                pass
