@@ -29,7 +29,8 @@ class FakeAgent:
         self.path = path
         self.messages: list[Progress] = []
         self._cond = threading.Condition()
-        self._conn: socket.socket | None = None
+        self._conn: socket.socket | None = None  # the newest connection: control words go there
+        self._conns: list[socket.socket] = []
         self._seq = 0
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
@@ -46,6 +47,7 @@ class FakeAgent:
                 return  # server closed
             with self._cond:
                 self._conn = conn
+                self._conns.append(conn)
                 self._cond.notify_all()
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
@@ -93,16 +95,26 @@ class FakeAgent:
             return [m for m in self.messages if isinstance(m, kind)]
 
     def drop_connection(self) -> None:
-        """Close the current connection, as an agent restart would."""
+        """Close the current connection, as an agent restart would (rank 0 reconnects)."""
         with self._cond:
             if self._conn is not None:
-                with contextlib.suppress(OSError):
-                    self._conn.shutdown(socket.SHUT_RDWR)
-                self._conn.close()
+                _hang_up(self._conn)
                 self._conn = None
 
     def close(self) -> None:
-        self.drop_connection()
+        """Stop listening first, so rank 0 cannot reconnect to this agent, then hang up."""
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
         self._server.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+        with self._cond:
+            for conn in self._conns:
+                _hang_up(conn)
+            self._conn = None
+
+
+def _hang_up(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
+    conn.close()
