@@ -5,7 +5,9 @@ connected and serving, not merely started), show ``STATUS=`` lines in ``systemct
 and with ``WatchdogSec=`` restart it when ``WATCHDOG=1`` stops coming. The pings come from a
 task on the daemon's event loop, so a wedged loop stops them and systemd restarts the
 daemon. ``$NOTIFY_SOCKET`` is a path, or an abstract socket written with a leading ``@``.
-Outside systemd (no ``$NOTIFY_SOCKET``) every call does nothing.
+Outside systemd (no ``$NOTIFY_SOCKET``) every call does nothing. Sends never block: a
+datagram socket queues only a few messages, and a daemon stuck on a full queue would stop
+doing its work; a notification that does not fit is dropped and logged.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ def notify(message: str, env: Mapping[str, str] = os.environ) -> bool:
         return False  # unset, or a transport we do not speak (vsock)
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.setblocking(False)  # a reader that falls behind must not stall the daemon
             sock.connect(address)
-            sock.sendall(message.encode())
+            sock.send(message.encode())
     except OSError as exc:
         log.warning("systemd notify failed", socket=target, error=str(exc))
         return False

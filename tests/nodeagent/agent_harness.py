@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -131,21 +132,26 @@ def agent(
 
 
 class NotifySocket:
-    """A ``$NOTIFY_SOCKET`` as systemd would hold it, collecting what the agent says."""
+    """A ``$NOTIFY_SOCKET`` as systemd holds it: read as messages arrive (a datagram
+    socket's queue holds only a few)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
-        self.sock.setblocking(False)
+        self.sock.settimeout(0.1)
         self.messages: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
 
-    def read(self) -> list[str]:
-        try:
-            while True:
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            with suppress(TimeoutError):
                 self.messages.append(self.sock.recv(4096).decode())
-        except BlockingIOError:
-            return self.messages
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        self._stop.set()
+        self._thread.join()
         self.sock.close()
+        return self.messages

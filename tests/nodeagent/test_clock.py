@@ -20,14 +20,9 @@ from nodeagent.sim.node import SimulatedNode
 from proto.events import ClockDrift
 
 # chronyc -c tracking on a synchronised EC2 node and on one whose chronyd lost its sources.
-SYNCED = (
-    "A9FEA97B,169.254.169.123,4,1731974400.123456789,-0.000812345,0.000002345,0.000034567,"
-    "-12.345,-0.001,0.045,0.000234567,0.000123456,64.3,Normal\n"
-)
-UNSYNCED = (
-    "00000000,,0,0.000000000,0.000000000,0.000000000,0.000000000,0.000,0.000,0.000,"
-    "1.000000000,1.000000000,0.0,Not synchronised\n"
-)
+CHRONY = Path(__file__).resolve().parent.parent / "fixtures" / "chrony"
+SYNCED = (CHRONY / "tracking_synced.csv").read_text()
+UNSYNCED = (CHRONY / "tracking_unsynced.csv").read_text()
 
 
 def fake_chronyc(tmp_path: Path, output: str, code: int = 0) -> list[str]:

@@ -53,6 +53,16 @@ def test_notify_reaches_the_socket(listener: tuple[str, socket.socket]) -> None:
     assert sock.recv(4096) == b"READY=1\nSTATUS=up"
 
 
+def test_a_reader_that_falls_behind_never_blocks(listener: tuple[str, socket.socket]) -> None:
+    """A datagram socket queues a handful of messages; past that a send would block the
+    daemon's event loop (and with it the watchdog): it is dropped instead."""
+    name, _ = listener
+    start = time.monotonic()
+    sent = [notify("WATCHDOG=1", {"NOTIFY_SOCKET": name}) for _ in range(1000)]
+    assert time.monotonic() - start < 2.0
+    assert sent[0] and not sent[-1]
+
+
 def test_outside_systemd_nothing_happens(tmp_path: Path) -> None:
     assert not notify("READY=1", {})
     assert not notify("READY=1", {"NOTIFY_SOCKET": "vsock:2:1234"})
