@@ -50,17 +50,21 @@ def up(
     py = sys.executable
     root = directory / "nodes"
     sim = [py, "-m", "nodeagent.sim", "--root", str(root), "--nodes", ",".join(names)]
-    sim += ["--nats", server.url, "--cluster", cluster]
+    sim += ["--nats", server.url, "--cluster", cluster, "--gpus", str(gpus)]
     _spawn("simulator", sim, directory)
-    _wait(lambda: all((root / n / ".ready").exists() for n in names), 30, "the simulator")
+    _wait(lambda: all((root / n / ".ready").exists() for n in names), 60, "the simulator")
     for name in names:
         tree = root / name
+        # agent.toml (written by the simulator) points the real agent at this node's
+        # simulated trees, stub NVML library, metadata service and clock skew.
         _spawn(
             f"nodeagent-{name}",
             [
                 py,
                 "-m",
                 "nodeagent.cli",
+                "--config",
+                str(tree / "agent.toml"),
                 "--node",
                 name,
                 "--cluster",
@@ -69,13 +73,6 @@ def up(
                 server.url,
                 "--run-dir",
                 str(tree / "agent"),
-                "--sysfs",
-                str(tree / "sys"),
-                "--procfs",
-                str(tree / "proc"),
-                "--dev",
-                str(tree / "dev"),
-                "--simulated",
                 "--gpus",
                 str(gpus),
                 "--advertise-addr",

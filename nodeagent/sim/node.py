@@ -93,7 +93,8 @@ class SimulatedNode:
         self._disks: dict[str, _Disk] = {}
         self.roots.procfs.mkdir(parents=True, exist_ok=True)
         # What preflight reads: a tuned backlog, and a /dev/shm (the tree's own disk).
-        _write_new(self.roots.procfs / "sys" / "net" / "core" / "somaxconn", "65535\n")
+        # Host settings a test or an operator laid down before the simulator started stay.
+        _write_absent(self.roots.procfs / "sys" / "net" / "core" / "somaxconn", "65535\n")
         (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)
         block = self.roots.sysfs / "block"
         block.mkdir(parents=True, exist_ok=True)
@@ -227,6 +228,11 @@ class SimulatedNode:
 def _write_new(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _write(path, text)
+
+
+def _write_absent(path: Path, text: str) -> None:
+    if not path.exists():
+        _write_new(path, text)
 
 
 def _write(path: Path, text: str) -> None:
