@@ -111,8 +111,8 @@ def spike_trials(home: Path, spikes: int) -> list[tuple[float, float]]:
     wait_state(job, {"running"})
     out = []
     for _ in range(spikes):
-        t0 = time.time()
         ctl("inject", "node-1", "nvme-latency=500")
+        t0 = time.time()  # the simulator has applied the fault when inject returns
         wait_state(job, {"paused"})
         ctl("inject", "node-1", "clear")
         wait_state(job, {"running"}, timeout=60)

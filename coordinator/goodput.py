@@ -24,6 +24,8 @@ def account(job: JobRecord, now: float) -> None:
     last = job.accounted_at or now
     job.accounted_at = now
     bucket = BUCKET_OF_STATE.get(job.state)
+    if job.state is JobState.STARTING and job.restarts:
+        bucket = "recovery"  # a relaunch after a fault is recovery, not start-up
     gpus = job.world_size
     if bucket is None or gpus == 0 or now <= last:
         return
@@ -36,3 +38,17 @@ def move_stall(job: JobRecord, seconds: float) -> None:
     take = min(gpu_s, job.goodput.get("productive", 0.0))
     job.goodput["productive"] = job.goodput.get("productive", 0.0) - take
     job.goodput["checkpoint_stall"] = job.goodput.get("checkpoint_stall", 0.0) + take
+
+
+def charge_lost_work(job: JobRecord, resumed_at_step: int) -> None:
+    """After a restart, steps between the checkpoint resumed from and the step reached
+    before the fault are computed twice: their time moves from productive to lost_work,
+    at the job's average productive step time so far."""
+    redo = job.failed_at_step - resumed_at_step
+    done = max(job.failed_at_step, 1)
+    if redo <= 0 or job.world_size == 0:
+        return
+    per_step = job.goodput.get("productive", 0.0) / done
+    take = min(redo * per_step, job.goodput.get("productive", 0.0))
+    job.goodput["productive"] -= take
+    job.goodput["lost_work"] = job.goodput.get("lost_work", 0.0) + take

@@ -20,7 +20,7 @@ from nats.js.kv import KeyValue
 
 from coordinator import policy
 from coordinator.commander import Commander
-from coordinator.goodput import account, move_stall
+from coordinator.goodput import account, charge_lost_work, move_stall
 from coordinator.registry import Registry
 from coordinator.rendezvous import admit, plan
 from proto.api import ApiReply, JobControl, SubmitJob
@@ -171,10 +171,12 @@ class JobManager:
         self._dirty.add(job.id)
         match msg:
             case StepDone(step=step, loss=loss):
-                job.step, job.loss = step, loss
                 if job.state is JobState.STARTING:
                     job.state = JobState.RUNNING
                     job.first_step_at = job.first_step_at or time.time()
+                    if job.restarts:
+                        charge_lost_work(job, step - 1)
+                job.step, job.loss = step, loss
             case Paused(step=step):
                 job.state, job.step = JobState.PAUSED, max(job.step, step)
                 job.pauses += 1
@@ -254,6 +256,7 @@ class JobManager:
     async def _recover(self, job: JobRecord, reason: str, exclude: tuple[str, ...]) -> None:
         job.state, job.reason = JobState.RECOVERING, reason
         job.restarts += 1
+        job.failed_at_step = job.step
         job.excluded = sorted({*job.excluded, *exclude})
         await self.publish(
             JobRecovering(

@@ -126,6 +126,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stopping: bool = False
     finished: str = ""  # rank 0's own word on how training ended: completed | stopped
     excluded: list[str] = msgspec.field(default_factory=list)
+    failed_at_step: int = 0  # the step reached before the last restart (for lost_work)
     exited_ranks: dict[str, int] = msgspec.field(default_factory=dict)
     submitted_at: float = 0.0
     started_at: float | None = None
