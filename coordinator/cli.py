@@ -10,14 +10,12 @@ import socket
 import sys
 
 from coordinator.service import Coordinator
-from proto import ensure_ours
 from proto.subjects import check_token
 from ringmaster.bus import DEFAULT_URL
 from ringmaster.log import configure
 
 
 def main(argv: list[str] | None = None) -> int:
-    ensure_ours()
     p = argparse.ArgumentParser(prog="coordinator", description="Ringmaster coordinator")
     p.add_argument("--nats", default=os.environ.get("RINGMASTER_NATS", DEFAULT_URL))
     p.add_argument("--cluster", default=os.environ.get("RINGMASTER_CLUSTER", "local"))

@@ -16,7 +16,6 @@ import msgspec
 from nodeagent.config import AgentConfig, ConfigError, load
 from nodeagent.registry import build, preflight
 from nodeagent.sampling import close_all, run_once
-from proto import ensure_ours
 from ringmaster.log import configure
 
 
@@ -61,7 +60,6 @@ def sample_all(config: AgentConfig) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ensure_ours()
     args = parse(argv)
     overrides = {
         k: getattr(args, k)

@@ -1,0 +1,5 @@
+"""Ringmaster package."""
+
+from ringmaster.guard import check_proto
+
+check_proto()

@@ -25,7 +25,6 @@ from coordinator.ctl.inject import inject
 from coordinator.ctl.jobfile import JobFileError, load_job
 from coordinator.ctl.status import render, status_json
 from coordinator.ctl.tail import Filters, parse_duration, tail
-from proto import ensure_ours
 from proto.api import JobControl, SubmitJob
 from proto.events import Severity
 from proto.job import JobRecord, JobState
@@ -74,7 +73,6 @@ def build() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ensure_ours()
     args = build().parse_args(argv)
     try:
         return dispatch(args)

@@ -3,6 +3,7 @@ job still completes (agents, coordinator and CLI reconnect to the survivors)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -134,7 +135,5 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
             server.stop()
         for pidfile in tmp_path.glob("nodes/*/agent/jobs/*/rank-*.pid"):
             pid = int(pidfile.read_text())
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, 9)
-            except ProcessLookupError:
-                pass
