@@ -22,12 +22,15 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -93,6 +96,7 @@ typedef struct {
 struct event_set {
     unsigned long long mask[MAX_GPUS];
     unsigned long long delivered;
+    int inotify; /* watches the state file's directory: waits sleep until it changes */
 };
 
 static struct state S, scratch;
@@ -420,6 +424,18 @@ nvmlReturn_t nvmlEventSetCreate(struct event_set **set) {
     for (int i = 0; i < S.nxids; i++) /* only errors raised after the set exists */
         if (S.xids[i].seq > s->delivered)
             s->delivered = S.xids[i].seq;
+    s->inotify = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (s->inotify >= 0) {
+        char dir[sizeof state_path];
+        set_text(dir, sizeof dir, state_path);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = '\0';
+        if (inotify_add_watch(s->inotify, slash ? dir : ".", IN_CLOSE_WRITE | IN_MOVED_TO) < 0) {
+            close(s->inotify);
+            s->inotify = -1;
+        }
+    }
     *set = s;
     LEAVE(NVML_SUCCESS);
 }
@@ -435,8 +451,10 @@ nvmlReturn_t nvmlDeviceRegisterEvents(struct gpu *dev, unsigned long long types,
     LEAVE(NVML_SUCCESS);
 }
 
-/* Poll the state file every 10 ms until an XID newer than the last delivered one appears
- * on a registered GPU, or the timeout passes. The lock is dropped while sleeping. */
+/* Wait until an XID newer than the last delivered one appears on a registered GPU, or the
+ * timeout passes: asleep on inotify until the state file is replaced (as a driver sleeps
+ * until the GPU interrupts), or polling every 10 ms without inotify. The lock is dropped
+ * while waiting. */
 nvmlReturn_t nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, unsigned ms) {
     struct timespec start, now, pause = {0, 10 * 1000 * 1000};
     clock_gettime(CLOCK_MONOTONIC, &start);
@@ -466,11 +484,21 @@ nvmlReturn_t nvmlEventSetWait_v2(struct event_set *set, nvmlEventData_t *data, u
         long elapsed = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
         if (elapsed >= (long)ms)
             return NVML_ERROR_TIMEOUT;
-        nanosleep(&pause, NULL);
+        if (set->inotify >= 0) {
+            struct pollfd ready = {set->inotify, POLLIN, 0};
+            char drain[4096];
+            if (poll(&ready, 1, (int)((long)ms - elapsed)) > 0)
+                while (read(set->inotify, drain, sizeof drain) > 0) {
+                }
+        } else {
+            nanosleep(&pause, NULL);
+        }
     }
 }
 
 nvmlReturn_t nvmlEventSetFree(struct event_set *set) {
+    if (set && set->inotify >= 0)
+        close(set->inotify);
     free(set);
     return NVML_SUCCESS;
 }
