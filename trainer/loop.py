@@ -76,9 +76,7 @@ class Trainer:
             return
         manifest, step_dir = found
         self.engine.load(step_dir, manifest)
-        files = self._files_for(manifest)
-        assert files is not None
-        state = load_file(step_dir / files[-1])
+        state = load_file(step_dir / self._trainer_file(manifest))
         torch.set_rng_state(state["rng"]["cpu"])
         if torch.cuda.is_available() and "cuda" in state["rng"]:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
@@ -87,13 +85,15 @@ class Trainer:
         self.log("resumed_from", step=self.step, path=step_dir)
 
     def _files_for(self, manifest: durable.Manifest) -> list[str] | None:
-        """The engine's files plus this rank's trainer state (rank 0's, when the world size
-        changed: the step is the same on every rank)."""
+        """What this rank verifies and loads: the engine's files plus its trainer state."""
         engine_files = self.engine.files_for(manifest)
-        if engine_files is None:
-            return None
+        return None if engine_files is None else [*engine_files, self._trainer_file(manifest)]
+
+    def _trainer_file(self, manifest: durable.Manifest) -> str:
+        """This rank's step and RNG; rank 0's if the world size changed (the step is the
+        same on every rank)."""
         same_world = manifest.world_size == self.batches.layout.world_size
-        return [*engine_files, durable.trainer_file(self.rank if same_world else 0)]
+        return durable.trainer_file(self.rank if same_world else 0)
 
     def run(self) -> Outcome:
         """Train to the target step or until stopped; the outcome, once its final

@@ -109,6 +109,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
     link = None
     if launch.rank == 0 and launch.control_socket is not None:
         link = AgentLink(launch.control_socket, launch.job_id).start()
+    checkpointer: Checkpointer | None = None
     try:
         torch.manual_seed(train.seed)  # identical initial weights on every rank
         model = apply_precision(GPT(cfg), train.precision, device)
@@ -144,6 +145,8 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             link.send(Finished(step=trainer.step, outcome=outcome))
         return outcome
     finally:
+        if checkpointer is not None:  # also when failing: staged copies hold RAM
+            checkpointer.discard_staging()
         if link is not None:
             link.close()
         dist.destroy_process_group()

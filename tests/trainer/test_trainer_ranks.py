@@ -74,6 +74,12 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(
     state_a, state_b = final_a["optimizer"]["state"], final_b["optimizer"]["state"]
     assert state_a.keys() == state_b.keys()
     assert all(torch.equal(state_a[k]["exp_avg_sq"], state_b[k]["exp_avg_sq"]) for k in state_a)
+    # DDP state is replicated, so a smaller world (a node drained) resumes from rank 0's copy
+    alone = make_spec(train={"steps": 11}, checkpoint={"every_steps": 3, "dir": "b"})
+    ranks = launch(alone, world_size=1)
+    assert ranks.wait() == [0], ranks.log(0)
+    assert ranks.events(0, "resumed_from")[0]["step"] == "10"
+    assert durable.read_manifest(tmp_path / "b" / "step-11") is not None
 
 
 def test_kill_during_persist_keeps_previous_checkpoint(
