@@ -381,8 +381,9 @@ class JobManager:
                         env=p.env,
                         workdir=job.workdir,
                         attempt=job.attempt,
+                        pre_start=spec.pre_start,
                     ),
-                    timeout=30,
+                    timeout=30 + (spec.pre_start_timeout_s if spec.pre_start else 0),
                 )
                 for p in plans
             )

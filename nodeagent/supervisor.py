@@ -85,6 +85,8 @@ class Supervisor:
             raise SupervisorError(f"cannot open the control socket {channel.path}: {exc}") from exc
         run = JobRun(cmd.job, cmd.attempt, Path(cmd.workdir or jobdir), channel)
         self.runs[cmd.job] = run
+        if cmd.pre_start:
+            await self._pre_start(cmd, run, jobdir)
         argv = _argv(cmd.argv)
         for spec in cmd.ranks:
             env = {
@@ -120,6 +122,36 @@ class Supervisor:
             run.waiters.append(asyncio.create_task(self._watch(run, spec.rank, proc)))
             log.info("rank started", job=cmd.job, rank=spec.rank, pid=proc.pid)
         return [p.pid for p in run.procs.values()]
+
+    async def _pre_start(self, cmd: Launch, run: JobRun, jobdir: Path) -> None:
+        """The job's pre-start hook, with the job's environment; its output goes to
+        ``pre-start.log``. A failure or a timeout fails this launch."""
+        assert cmd.pre_start is not None
+        env = {**os.environ, **cmd.env, "RINGMASTER_JOB_ID": cmd.job, "RINGMASTER_NODE": self.node}
+        logpath = jobdir / "pre-start.log"
+        with logpath.open("ab") as logf:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh",
+                cmd.pre_start,
+                env=env,
+                cwd=run.workdir,
+                stdout=logf,
+                stderr=logf,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        timeout = cmd.spec.job.pre_start_timeout_s
+        try:
+            code = await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise SupervisorError(f"pre-start hook ran past {timeout:.0f} s") from None
+        if code != 0:
+            tail = logpath.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+            raise SupervisorError(f"pre-start hook exited {code}: {tail[0][:200]}")
+        log.info("pre-start hook done", job=cmd.job)
 
     async def _watch(self, run: JobRun, rank: int, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()

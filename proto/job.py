@@ -25,6 +25,10 @@ class JobSection(Config):
     # built-in trainer (argv; the first element is resolved relative to the job file).
     entry: list[str] | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    # A script every node runs after its GPUs are up and before its ranks start (warm-up,
+    # cache priming); a non-zero exit fails that launch. Relative to the job file.
+    pre_start: str | None = None
+    pre_start_timeout_s: PositiveFloat = 300.0
 
 
 class TrainSection(Config):

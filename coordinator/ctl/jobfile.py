@@ -29,7 +29,26 @@ def load_job(path: Path, overrides: list[str]) -> JobSpec:
         raise JobFileError(f"{path}: not valid TOML: {exc}") from None
     for item in overrides:
         apply_override(raw, item)
-    return to_spec(raw, str(path))
+    spec = to_spec(raw, str(path))
+    anchor_paths(spec, path.resolve().parent)
+    return spec
+
+
+def anchor_paths(spec: JobSpec, base: Path) -> None:
+    """The entry script and the pre-start hook are named relative to the job file; the
+    nodes need them absolute. A missing file is an input error now, not a failed launch."""
+    job = spec.job
+    if job.entry and job.entry[0].endswith(".py"):
+        job.entry[0] = str(_existing(base, job.entry[0], "job.entry"))
+    if job.pre_start:
+        job.pre_start = str(_existing(base, job.pre_start, "job.pre_start"))
+
+
+def _existing(base: Path, name: str, key: str) -> Path:
+    path = (base / name).resolve()
+    if not path.is_file():
+        raise JobFileError(f"{key} = {name!r}: no such file ({path})")
+    return path
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:
