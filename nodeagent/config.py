@@ -30,6 +30,10 @@ class NvmeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     smart_command: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_SMART))
     smart_timeout_s: Positive = 10.0
 
+    def __post_init__(self) -> None:
+        if self.recover_us > self.spike_us:
+            raise ValueError("nvme.recover_us must not exceed nvme.spike_us")
+
 
 class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interval_s: Positive = 1.0
@@ -48,6 +52,10 @@ class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     expect_nvlink: Literal["all", "baseline", "none"] = "baseline"
     topology_confirm: Count = 2
 
+    def __post_init__(self) -> None:
+        if self.warn_c > self.critical_c:
+            raise ValueError("gpu.warn_c must not exceed gpu.critical_c")
+
 
 class ClockSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interval_s: Positive = 1.0
@@ -63,6 +71,10 @@ class ClockSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     step_command: list[str] = msgspec.field(default_factory=lambda: ["chronyc", "makestep"])
     step_timeout_s: Positive = 10.0
     skew_file: str | None = None  # simulated nodes: their clock's extra offset in ms
+
+    def __post_init__(self) -> None:
+        if self.recover_ms > self.max_offset_ms:
+            raise ValueError("clock.recover_ms must not exceed clock.max_offset_ms")
 
 
 class PreemptionSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

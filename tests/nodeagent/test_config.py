@@ -1,0 +1,66 @@
+"""Agent settings: defaults, refusals that name the key, and the simulator's agent.toml."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nodeagent.config import ConfigError, load
+from nodeagent.registry import build
+from nodeagent.sim import agent_config
+from nodeagent.sim.node import SimulatedNode
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[gpu]\nwarn_c = 99\n", "gpu.warn_c must not exceed gpu.critical_c - at `$.gpu`"),
+        ("[nvme]\nrecover_us = 500\n", "nvme.recover_us must not exceed nvme.spike_us"),
+        ("[clock]\nrecover_ms = 9\n", "clock.recover_ms must not exceed clock.max_offset_ms"),
+        ("[gpu]\nwarn = 99\n", "Object contains unknown field `warn` - at `$.gpu`"),
+        (
+            '[preemption]\nprovider = "ibm"\n',
+            "Invalid enum value 'ibm' - at `$.preemption.provider`",
+        ),
+        ('[gpu]\nexpect_nvlink = "most"\n', "at `$.gpu.expect_nvlink`"),
+    ],
+)
+def test_bad_settings_name_the_key(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load(path, {})
+
+
+def test_every_collector_is_registered_once() -> None:
+    names = [entry.collector.name for entry in build(load(None, {"node": "n1"}))]
+    assert names == [
+        "preflight",
+        "nvme",
+        "nvme_smart",
+        "nvme_udev",
+        "gpu",
+        "gpu_topology",
+        "clock",
+        "preemption",
+    ]
+    quiet = load(None, {"nvme": {"udev": False}, "preemption": {"provider": "none"}})
+    assert "nvme_udev" not in [e.collector.name for e in build(quiet)]
+
+
+def test_the_simulators_agent_toml_loads(tmp_path: Path) -> None:
+    node = SimulatedNode(tmp_path / "node-3", "node-3", nvme_devices=1)
+    config = load(agent_config.write(node, {"heartbeat_s": 0.5, "gpu": {"interval_s": 0.25}}), {})
+    assert (config.sysfs, config.simulated, config.heartbeat_s) == (
+        str(tmp_path / "node-3" / "sys"),
+        True,
+        0.5,
+    )
+    assert config.gpu.interval_s == 0.25 and config.gpu.expect_nvlink == "all"
+    assert config.gpu.nvml_library is None, "no GPUs on this node"
+    assert config.clock.step_command == ["rm", "-f", str(node.skew_file)]
+    assert (config.preemption.provider, config.preemption.sigterm_notice) == ("none", False)
+    with pytest.raises(TypeError):
+        agent_config.to_toml({"x": {"nested": {"deeper": 1}}})
