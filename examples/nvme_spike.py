@@ -34,8 +34,9 @@ EXPECTED = [
 def ctl(*args: str, check: bool = True) -> str:
     done = subprocess.run([*CTL, *args], capture_output=True, text=True, check=False)
     if check and done.returncode != 0:
-        raise SystemExit(f"coordinatorctl {' '.join(args)} failed ({done.returncode}): "
-                         f"{done.stderr.strip()}")
+        raise SystemExit(
+            f"coordinatorctl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}"
+        )
     return done.stdout
 
 
@@ -85,12 +86,18 @@ def main() -> int:
     try:
         say("submitting examples/tiny.toml")
         submitted = time.time()
-        job = ctl("start", str(HERE / "tiny.toml"), "--set",
-                  f"checkpoint.dir={home / 'checkpoints' / 'tiny-gpt'}").strip()
+        job = ctl(
+            "start",
+            str(HERE / "tiny.toml"),
+            "--set",
+            f"checkpoint.dir={home / 'checkpoints' / 'tiny-gpt'}",
+        ).strip()
         print(f"    job id {job}")
         first = wait_for(job, "the first step", lambda s: s["step"] >= 1)
-        say(f"training: step {first['step']}, time from start to first step "
-            f"{first['first_step_at'] - submitted:.2f} s")
+        say(
+            f"training: step {first['step']}, time from start to first step "
+            f"{first['first_step_at'] - submitted:.2f} s"
+        )
         wait_for(job, "step 40", lambda s: s["step"] >= 40)
         say("injecting a 500 µs NVMe latency spike on node-1")
         injected = time.time()
@@ -112,12 +119,16 @@ def main() -> int:
         failures = check(final, kinds)
         spike = next(e for e in history if e["kind"] == "nvme.latency_spike")
         pause = next(e for e in history if e["kind"] == "job.paused")
-        print(json.dumps({
-            "start_to_first_step_s": round(final["first_step_at"] - submitted, 3),
-            "inject_to_spike_event_s": round(stamp(spike) - injected, 3),
-            "inject_to_paused_s": round(stamp(pause) - injected, 3),
-            "spike_event_to_paused_s": round(stamp(pause) - stamp(spike), 3),
-        }))
+        print(
+            json.dumps(
+                {
+                    "start_to_first_step_s": round(final["first_step_at"] - submitted, 3),
+                    "inject_to_spike_event_s": round(stamp(spike) - injected, 3),
+                    "inject_to_paused_s": round(stamp(pause) - injected, 3),
+                    "spike_event_to_paused_s": round(stamp(pause) - stamp(spike), 3),
+                }
+            )
+        )
     finally:
         if not args.keep:
             say("bringing the cluster down")

@@ -27,8 +27,17 @@ def main() -> None:
         loss.backward()
         opt.step()
     if args.out:
-        env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                          "MASTER_ADDR", "MASTER_PORT")}
+        env = {
+            k: os.environ[k]
+            for k in (
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+            )
+        }
         with open(f"{args.out}/rank-{rank}.txt", "w") as out:
             out.write(f"{env} world={world} loss={loss.item():.4f}\n")
     dist.destroy_process_group()
