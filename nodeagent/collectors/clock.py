@@ -196,6 +196,7 @@ class ClockCollector:
         """Run the step command, then measure again: the ``resync_clock`` command."""
         before = self.last_offset_ms
         ok, why = await asyncio.to_thread(self._run_step)
+        self.peer.forget()
         if self.peer.attached:
             await self.peer.measure()
         sample = await asyncio.to_thread(self._fresh_sample)

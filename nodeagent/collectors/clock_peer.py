@@ -82,6 +82,10 @@ class PeerClock:
             await self.measure()
             await asyncio.sleep(self.interval_s)
 
+    def forget(self) -> None:
+        """Drop the last measurement (the clock was just stepped: it no longer holds)."""
+        self._latest = None
+
     async def measure(self) -> None:
         if self._target is None:
             return
