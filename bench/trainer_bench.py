@@ -4,8 +4,9 @@ step-boundary control broadcast, and how long a checkpoint blocks the training l
     .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400] [--sizes-mb 200 600]
 
 Throughput and control cost run the real worker as 2 gloo ranks (one thread each) and
-read its progress through a fake agent; the checkpoint figures run in this process with
-the real :class:`trainer.checkpoint.Checkpointer` (world size 1).
+read its progress through a fake agent; the isolated exchange timing calls the real
+:class:`trainer.control.StepControl` on 2 spawned ranks; the checkpoint figures run in
+this process with the real :class:`trainer.checkpoint.Checkpointer` (world size 1).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
@@ -29,6 +31,7 @@ from proto.job import JobSpec
 from proto.progress import Finished, StepDone
 from trainer import durable
 from trainer.checkpoint import Checkpointer, Coordination, default_staging_dir
+from trainer.control import StepControl
 from trainer.fake_agent import FakeAgent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +131,34 @@ def control_cost(root: Path, steps: int, rounds: int = 2) -> None:
     )
 
 
+def _exchange_loop(rank: int, port: int, calls: int, out: Any) -> None:
+    """One rank of the isolated control-exchange timing (run under torch.multiprocessing)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
+    control = StepControl(rank, torch.device("cpu"), None)
+    for _ in range(100):
+        control.exchange()  # warm-up
+    start = time.perf_counter()
+    for _ in range(calls):
+        control.exchange()
+    if rank == 0:
+        out.put((time.perf_counter() - start) / calls)
+    dist.destroy_process_group()
+
+
+def exchange_cost(calls: int = 5000) -> None:
+    """The step-boundary exchange alone: StepControl.exchange() back to back on 2 ranks."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.spawn(_exchange_loop, args=(free_port(), calls, out), nprocs=WORLD)
+    print(f"one control exchange (3-int64 gloo broadcast), isolated: {1e6 * out.get():.0f} µs")
+
+
 def fake_state(megabytes: int) -> dict[str, object]:
     """Model + AdamW-shaped state (params, exp_avg, exp_avg_sq) of about ``megabytes``."""
     n = megabytes * (1 << 20) // 4 // 3 // 8
@@ -181,6 +212,7 @@ def main() -> None:
     try:
         throughput(root, args.steps)
         control_cost(root, args.control_steps)
+        exchange_cost()
         checkpoint_cost(root, args.sizes_mb)
     finally:
         shutil.rmtree(root, ignore_errors=True)
