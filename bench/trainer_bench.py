@@ -189,15 +189,15 @@ def checkpoint_cost(root: Path, sizes_mb: list[int], repeats: int = 3) -> None:
             path = root / f"plain-{megabytes}.pt"
             start = time.monotonic()
             torch.save(state, path)
-            with path.open("rb+") as f:
-                os.fsync(f.fileno())
+            with path.open("rb+") as saved:
+                os.fsync(saved.fileno())
             plain.append(time.monotonic() - start)
         size = durable.hash_file(root / f"ckpt-{megabytes}" / f"step-{repeats}" / "rank-0.pt").size
-        s, f, p = (statistics.median(x) for x in (stage, full, plain))
+        blocked, synchronous, naive = (statistics.median(x) for x in (stage, full, plain))
         print(
-            f"{size / 1e6:5.0f} MB: blocked {s:.3f} s; synchronous save {f:.3f} s "
-            f"(stage+copy+sha256+fsync+manifest) -> ratio {s / f:.3f}; "
-            f"plain torch.save+fsync {p:.3f} s -> ratio {s / p:.3f}"
+            f"{size / 1e6:5.0f} MB: blocked {blocked:.3f} s; synchronous save {synchronous:.3f} s "
+            f"(stage+copy+sha256+fsync+manifest) -> ratio {blocked / synchronous:.3f}; "
+            f"plain torch.save+fsync {naive:.3f} s -> ratio {blocked / naive:.3f}"
         )
 
 
