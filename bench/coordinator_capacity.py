@@ -445,8 +445,10 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
     try:
         nc = await nats.connect(server.url, name="bench-capacity")
         leader_seen = asyncio.Event()
+        leader_events: list[float] = []
 
         async def on_leader(msg: Msg) -> None:
+            leader_events.append(time.monotonic())
             leader_seen.set()
 
         lost: Counter[str] = Counter()
@@ -615,6 +617,9 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
         samples.append(last)
         result["coordinator_rss_mib"] = rss_mib(coord.pid)
         window_lost = sum(lost.values()) - lost_before
+        # More than one coordinator.leader event from a lone coordinator: it lost its
+        # lease (renewals starved) and took it again.
+        result["leader_events"] = len(leader_events)
         # Node-lost probe: one node (not the job's) stops beating; the spec says it is
         # lost after 3 missed beats, so ~3 s after its last beat.
         victim = node_name(n - 1, n)
@@ -756,6 +761,11 @@ def report(r: dict[str, Any]) -> None:
         ("machine", f"{r['machine_busy_pct']:.0f} % busy of {r['cores']} cores (all users)"),
         ("node.lost events", f"{r['node_lost_events']} during the window"),
         (
+            "leadership",
+            f"{r['leader_events']} coordinator.leader events for one coordinator"
+            + (" (it lost its lease and retook it)" if r["leader_events"] > 1 else ""),
+        ),
+        (
             "node-lost probe",
             "a silenced node reported lost "
             + (
@@ -807,6 +817,7 @@ def verdict(results: list[dict[str, Any]]) -> None:
             "coordinator CPU < 100 % of one core": r["coordinator_cpu_pct"] < 100.0,
             "p99 ≤ 50 ms": (r["latency_ms_p99"] or 1e9) <= 50.0 and r["missing"] == 0,
             "silenced node lost within 5 s": (r.get("node_lost_detect_s") or 1e9) <= 5.0,
+            "leadership held throughout": r["leader_events"] == 1,
         }
         for name, ok in checks.items():
             print(f"  {r['nodes']:,} nodes: {name}: {'PASS' if ok else 'FAIL'}")
