@@ -1,0 +1,236 @@
+"""What only the leader does: consume events and progress, answer the API, tick jobs,
+watch for lost nodes and keep node records in KV. Started on winning the lease, stopped
+on losing it. Each duty is its own task, restarted (and logged) if it ever fails, so one
+bad message or one slow KV write cannot silently stop the others."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from coordinator.jobs import JobManager
+from coordinator.kvstore import Buckets
+from coordinator.registry import NodeInfo, Registry
+from proto import subjects
+from proto.api import ApiReply
+from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
+from proto.events import (
+    EventBase,
+    NodeLost,
+    NvmeLatencyRecovered,
+    NvmeLatencySpike,
+    NvmeReadonly,
+    Severity,
+    kind_of,
+)
+from proto.node import NodeRecord
+
+log = structlog.get_logger()
+Handler = Callable[[bytes], Awaitable[None]]
+NODE_REFRESH_S = 5.0  # node records are rewritten at least this often
+WRITES_IN_FLIGHT = 32  # bounded, so lease renewals and commands never queue behind them
+
+
+class Leadership:
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        cluster: str,
+        me: str,
+        buckets: Buckets,
+        registry: Registry,
+        jobs: JobManager,
+        publish: Callable[[EventBase], Awaitable[None]],
+    ) -> None:
+        self.nc, self.js, self.cluster, self.me = nc, js, cluster, me
+        self.buckets, self.registry, self.jobs, self.publish = buckets, registry, jobs, publish
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subs: list[Subscription] = []
+        self._node_written: dict[str, tuple[object, float]] = {}
+
+    async def start(self) -> None:
+        await self.jobs.load()
+        self._subs = [
+            await self.nc.subscribe(subjects.api(self.cluster, "submit"), cb=self._on_submit),
+            await self.nc.subscribe(subjects.api(self.cluster, "control"), cb=self._on_control),
+        ]
+        events, progress = (
+            subjects.events_stream(self.cluster),
+            subjects.progress_stream(self.cluster),
+        )
+        duties: dict[str, Callable[[], Awaitable[None]]] = {
+            "events": lambda: self._consume(events, "coordinator-events", self._on_event),
+            "progress": lambda: self._consume(progress, "coordinator-progress", self._on_progress),
+            "jobs": lambda: self._every(0.25, self._tick),
+            "nodes": lambda: self._every(1.0, self._write_nodes),
+        }
+        self._tasks = [
+            asyncio.create_task(self._forever(name, duty), name=name)
+            for name, duty in duties.items()
+        ]
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        self._subs, self._tasks = [], []
+
+    @staticmethod
+    async def _forever(name: str, duty: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await duty()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("leader duty failed; restarting it", duty=name, error=repr(exc))
+                await asyncio.sleep(1.0)
+
+    @staticmethod
+    async def _every(period: float, work: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            started = time.monotonic()
+            await work()
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
+
+    async def _consume(self, stream: str, durable: str, handle: Handler) -> None:
+        """A durable pull consumer: a new leader resumes exactly where the last one acked."""
+        config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=1000)
+        sub = await self.js.pull_subscribe("", durable=durable, stream=stream, config=config)
+        me = asyncio.current_task()
+        while True:
+            try:
+                msgs = await sub.fetch(batch=100, timeout=1.0)
+            except (NatsTimeout, TimeoutError):
+                # nats-py can turn a cancellation inside fetch into a timeout
+                if me is not None and me.cancelling():
+                    raise asyncio.CancelledError from None
+                continue
+            for msg in msgs:
+                try:
+                    await handle(msg.data)
+                except Exception as exc:
+                    log.error("handling failed", stream=stream, error=repr(exc))
+                await msg.ack()
+
+    async def _on_event(self, data: bytes) -> None:
+        try:
+            event = decode_event(data)
+        except msgspec.DecodeError as exc:
+            log.warning("ignored a malformed event", error=str(exc))
+            return
+        if kind_of(event).startswith(("job.", "coordinator.")):
+            return
+        node = event.node or ""
+        match event:
+            case NvmeLatencySpike(device=dev):
+                self.registry.set_fault(node, f"nvme:{dev}", f"NVMe {dev} latency spike")
+            case NvmeLatencyRecovered(device=dev):
+                self.registry.set_fault(node, f"nvme:{dev}", None)
+            case NvmeReadonly(device=dev, readonly=ro):
+                self.registry.set_fault(node, f"ro:{dev}", f"NVMe {dev} read-only" if ro else None)
+        await self.jobs.on_event(event)
+
+    async def _on_progress(self, data: bytes) -> None:
+        try:
+            await self.jobs.on_progress(progress_decoder.decode(data))
+        except msgspec.DecodeError as exc:
+            log.warning("ignored malformed progress", error=str(exc))
+
+    async def _tick(self) -> None:
+        now = time.monotonic()
+        for node in self.registry.sweep(now):
+            await self.publish(
+                NodeLost(
+                    node=node.id,
+                    severity=Severity.CRITICAL,
+                    missed_beats=self.registry.missed_beats,
+                    message=f"no heartbeat for {now - node.last_seen:.1f} s",
+                )
+            )
+        await self.jobs.tick()
+
+    async def _write_nodes(self) -> None:
+        """Node records go to KV when what an operator sees changes (state, faults, jobs,
+        health) and otherwise at most every ``NODE_REFRESH_S``: telemetry changes every
+        beat, and 10,000 nodes must not mean 10,000 KV writes a second."""
+        wall, mono = time.time(), time.monotonic()
+        due = []
+        for node in list(self.registry.nodes.values()):  # heartbeats add nodes meanwhile
+            key = (
+                node.state,
+                tuple(node.faults),
+                tuple(node.jobs),
+                node.drain_reason,
+                node.preflight_ok,
+                node.topology_ok,
+            )
+            written = self._node_written.get(node.id)
+            if written is None or written[0] != key or mono - written[1] >= NODE_REFRESH_S:
+                due.append((node, key))
+        gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+
+        async def write(node: NodeInfo, key: object) -> None:
+            async with gate:
+                try:
+                    await self.buckets.nodes.put(node.id, encode(_record(node, wall, mono)))
+                except Exception as exc:
+                    log.warning("node record not written", node=node.id, error=repr(exc))
+                    return
+                self._node_written[node.id] = (key, mono)
+
+        await asyncio.gather(*(write(node, key) for node, key in due))
+
+    async def _on_submit(self, msg: Msg) -> None:
+        try:
+            reply = await self.jobs.submit(submit_decoder.decode(msg.data))
+        except msgspec.DecodeError as exc:
+            reply = ApiReply(ok=False, error=f"invalid job: {exc}")
+        except Exception as exc:
+            reply = ApiReply(ok=False, error=f"submit failed: {exc}")
+        reply.coordinator = self.me
+        await msg.respond(encode(reply))
+
+    async def _on_control(self, msg: Msg) -> None:
+        try:
+            reply = await self.jobs.control(control_decoder.decode(msg.data))
+        except msgspec.DecodeError as exc:
+            reply = ApiReply(ok=False, error=f"invalid request: {exc}")
+        except Exception as exc:
+            reply = ApiReply(ok=False, error=f"control failed: {exc}")
+        reply.coordinator = self.me
+        await msg.respond(encode(reply))
+
+
+def _record(node: NodeInfo, wall: float, mono: float) -> NodeRecord:
+    return NodeRecord(
+        id=node.id,
+        state=node.state,
+        addr=node.addr,
+        hostname=node.hostname,
+        gpus=node.gpus,
+        simulated=node.simulated,
+        last_seen=round(wall - (mono - node.last_seen), 1),
+        telemetry=node.telemetry,
+        faults=node.faults,
+        jobs=node.jobs,
+        drain_reason=node.drain_reason,
+        preflight_ok=node.preflight_ok,
+        topology_ok=node.topology_ok,
+    )
