@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from nodeagent.control_channel import ControlChannel
 from proto.codec import encode
 from proto.commands import Launch
 from proto.events import EventBase, Severity, WorkerExited
+from proto.job import shm_staging_name
 from proto.progress import Progress
 
 log = structlog.get_logger()
@@ -56,6 +58,7 @@ class Supervisor:
         self._on_event = on_event
         self._on_progress = on_progress
         self.runs: dict[str, JobRun] = {}
+        self.shm = Path("/dev/shm")
 
     def jobs(self) -> list[str]:
         return [job for job, run in self.runs.items() if run.alive()]
@@ -159,6 +162,9 @@ class Supervisor:
         # orphan now: it goes too. The group id cannot be reused while members remain.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        if not run.alive():
+            # A rank killed by a signal cannot clean its RAM staging; nobody else uses it.
+            shutil.rmtree(self.shm / shm_staging_name(run.job), ignore_errors=True)
         sig = -code if code < 0 else None
         log.info("rank exited", job=run.job, rank=rank, code=code)
         await self._on_event(

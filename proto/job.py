@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated, Literal
 
 import msgspec
@@ -11,6 +12,12 @@ Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+
+
+def shm_staging_name(job_id: str) -> str:
+    """The directory under ``/dev/shm`` where a job's ranks stage checkpoints in RAM; the
+    agent removes it once every rank of the job on its node has exited."""
+    return "ringmaster-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -106,6 +106,9 @@ async def test_progress_and_control_flow_through_the_socket(tmp_path: Path) -> N
 async def test_forced_stop_escalates_to_sigkill_and_kills_the_group(tmp_path: Path) -> None:
     sink = Sink()
     sup = Supervisor("n", tmp_path / "run", sink.event, sink.prog)
+    sup.shm = tmp_path / "shm"
+    staged = sup.shm / "ringmaster-j1" / "rank-0"
+    staged.mkdir(parents=True)
     cmd = launch_cmd(tmp_path, ranks=1)
     cmd.env["IGNORE_TERM"] = "1"
     [pid] = await sup.launch(cmd)
@@ -115,6 +118,7 @@ async def test_forced_stop_escalates_to_sigkill_and_kills_the_group(tmp_path: Pa
     await until(lambda: not alive(pid) and not alive(child), timeout=5)
     [exit_] = [e for e in sink.events if isinstance(e, WorkerExited)]
     assert exit_.signal == 9 and exit_.attempt == 1
+    assert not staged.parent.exists(), "RAM staging of dead ranks must be removed"
 
 
 async def test_a_second_launch_of_a_live_job_is_refused(tmp_path: Path) -> None:
