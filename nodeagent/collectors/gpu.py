@@ -50,6 +50,7 @@ class GpuCollector:
         self.interval_s = interval_s
         self._nvml = session
         self._xids = XidWatcher()
+        self._static: dict[int, dict[str, Any]] = {}
 
     def fileno(self) -> int:
         """Readable when an XID arrived: the sampling loop collects at once."""
@@ -70,6 +71,7 @@ class GpuCollector:
                 handles[index] = pynvml.nvmlDeviceGetHandleByIndex(index)
                 gpus.append(self._read(index, handles[index]))
             except pynvml.NVMLError as exc:
+                self._static.pop(index, None)  # whatever comes back may be another board
                 if exc.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                     lost.append(index)
                 errors[str(index)] = str(exc)
@@ -88,6 +90,27 @@ class GpuCollector:
         }
         return Sample(collector=self.name, time=now, values=values)
 
+    def _identity(self, index: int, h: Handle) -> dict[str, Any]:
+        """What does not change while the GPU stays on the bus, read once."""
+        if index not in self._static:
+            self._static[index] = {
+                "index": index,
+                "name": text(pynvml.nvmlDeviceGetName(h)),
+                "uuid": text(pynvml.nvmlDeviceGetUUID(h)),
+                "bus_id": text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+                "slowdown_c": optional(
+                    pynvml.nvmlDeviceGetTemperatureThreshold,
+                    h,
+                    pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+                ),
+                "shutdown_c": optional(
+                    pynvml.nvmlDeviceGetTemperatureThreshold,
+                    h,
+                    pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+                ),
+            }
+        return self._static[index]
+
     def _read(self, index: int, h: Handle) -> dict[str, Any]:
         reasons = optional(pynvml.nvmlDeviceGetCurrentClocksEventReasons, h)
         if reasons is None:  # drivers before 535 only have the old name
@@ -96,22 +119,8 @@ class GpuCollector:
         rx = optional(pynvml.nvmlDeviceGetPcieThroughput, h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
         util = optional(pynvml.nvmlDeviceGetUtilizationRates, h)
         memory = optional(pynvml.nvmlDeviceGetMemoryInfo, h)
-        return {
-            "index": index,
-            "name": text(pynvml.nvmlDeviceGetName(h)),
-            "uuid": text(pynvml.nvmlDeviceGetUUID(h)),
-            "bus_id": text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+        return self._identity(index, h) | {
             "temp_c": optional(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
-            "slowdown_c": optional(
-                pynvml.nvmlDeviceGetTemperatureThreshold,
-                h,
-                pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
-            ),
-            "shutdown_c": optional(
-                pynvml.nvmlDeviceGetTemperatureThreshold,
-                h,
-                pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
-            ),
             "clock_reasons": reason_names(reasons) if reasons is not None else None,
             # NVML counts PCIe throughput in KB/s over a 20 ms window.
             "pcie_tx_gbps": round(tx / 1e6, 3) if tx is not None else None,
