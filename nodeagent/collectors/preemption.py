@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
+from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 from nodeagent.collectors.base import CollectorUnavailable, Sample
 
 AWS_TOKEN_TTL_S = 21600
 PROVIDERS = ("aws", "gcp", "azure")
-# Metadata services are link-local: never through an http_proxy from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class MetadataError(OSError):
@@ -61,6 +59,7 @@ class PreemptionCollector:
         self._token: tuple[str, float] | None = None  # (IMDSv2 token, monotonic expiry)
         self._gcp_since: datetime | None = None
         self._azure_name: str | None = None
+        self._connections: dict[str, HTTPConnection] = {}  # netloc → kept alive
 
     def collect(self, now: float) -> Sample:
         provider = self._provider or self._detect()
@@ -79,15 +78,47 @@ class PreemptionCollector:
     def _fetch(
         self, url: str, headers: dict[str, str], method: str = "GET"
     ) -> tuple[int, str, dict[str, str]]:
-        request = urllib.request.Request(url, headers=headers, method=method)
+        """One request on a kept-alive connection to the metadata service (a poll every
+        two seconds should not cost a TCP handshake each); if the server had closed it,
+        once more on a fresh one. 5xx answers raise."""
+        parts = urlsplit(url)
+        kept = self._connections.get(parts.netloc)
         try:
-            with _OPENER.open(request, timeout=self._timeout) as response:
-                body = response.read().decode(errors="replace")
-                return response.status, body, dict(response.headers)
-        except urllib.error.HTTPError as exc:
-            if 400 <= exc.code < 500:
-                return exc.code, exc.read().decode(errors="replace"), dict(exc.headers)
-            raise MetadataError(f"{url}: HTTP {exc.code}") from None
+            if kept is not None:
+                try:
+                    answer = self._exchange(kept, parts, method, headers)
+                except (OSError, HTTPException):
+                    self._drop(parts.netloc)
+                    answer = self._exchange(self._connect(parts), parts, method, headers)
+            else:
+                answer = self._exchange(self._connect(parts), parts, method, headers)
+        except (OSError, HTTPException) as exc:
+            self._drop(parts.netloc)
+            raise MetadataError(f"{url}: {exc!r}") from None
+        if answer[0] >= 500:
+            raise MetadataError(f"{url}: HTTP {answer[0]}")
+        return answer
+
+    def _connect(self, parts: SplitResult) -> HTTPConnection:
+        kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+        conn = self._connections[parts.netloc] = kind(parts.netloc, timeout=self._timeout)
+        return conn
+
+    def _exchange(
+        self, conn: HTTPConnection, parts: SplitResult, method: str, headers: dict[str, str]
+    ) -> tuple[int, str, dict[str, str]]:
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request(method, target, headers=headers)
+        response = conn.getresponse()
+        body = response.read().decode(errors="replace")
+        if response.will_close:
+            self._drop(parts.netloc)
+        return response.status, body, dict(response.getheaders())
+
+    def _drop(self, netloc: str) -> None:
+        conn = self._connections.pop(netloc, None)
+        if conn is not None:
+            conn.close()
 
     def _detect(self) -> str:
         mono = time.monotonic()

@@ -9,7 +9,9 @@ preemption notices go, for simulated nodes and tests.
 * Azure: ``GET /metadata/scheduledevents`` and ``/metadata/instance`` need ``Metadata:
   true``; a notice is a ``Preempt`` event whose ``NotBefore`` is the deadline.
 
-``providers`` limits which of the three answer (the others 404), so detection can be tested.
+``providers`` limits which of the three answer (the others 404), so detection can be tested;
+``failing`` makes every answer that HTTP status; ``idle_timeout`` closes kept-alive
+connections left idle that long, as real services do.
 """
 
 from __future__ import annotations
@@ -27,12 +29,18 @@ VM_NAME = "ringmaster-sim"
 
 
 class MetadataServer:
-    def __init__(self, providers: tuple[str, ...] = PROVIDERS, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        providers: tuple[str, ...] = PROVIDERS,
+        host: str = "127.0.0.1",
+        idle_timeout: float | None = None,
+    ) -> None:
         self.providers = providers
+        self.failing: int | None = None
         self.notice: tuple[str, datetime] | None = None  # (action, deadline)
         self.tokens: set[str] = set()
         self.requests: list[str] = []  # "METHOD path", for tests
-        self._server = ThreadingHTTPServer((host, 0), _handler(self))
+        self._server = ThreadingHTTPServer((host, 0), _handler(self, idle_timeout))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
@@ -59,13 +67,18 @@ class MetadataServer:
         self.notice = None
 
 
-def _handler(service: MetadataServer) -> type[BaseHTTPRequestHandler]:
+def _handler(service: MetadataServer, idle_timeout: float | None) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as the clouds' metadata services do
+        timeout = idle_timeout
+
         def log_message(self, format: str, *args: object) -> None:
             pass  # quiet: the simulator logs JSON lines on stderr
 
         def do_PUT(self) -> None:
             service.requests.append(f"PUT {self.path}")
+            if service.failing:
+                return self._send(service.failing, "failing")
             if self.path == "/latest/api/token" and "aws" in service.providers:
                 if not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
                     return self._send(400, "missing TTL")
@@ -76,6 +89,8 @@ def _handler(service: MetadataServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             service.requests.append(f"GET {self.path}")
+            if service.failing:
+                return self._send(service.failing, "failing")
             path = urlsplit(self.path).path
             if path.startswith("/latest/") and "aws" in service.providers:
                 return self._aws(path)

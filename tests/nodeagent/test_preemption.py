@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -126,13 +127,27 @@ def test_no_metadata_service_is_unavailable_and_not_retried_at_once() -> None:
 def test_a_failing_service_fails_the_collection(metadata: MetadataServer) -> None:
     aws = collector(metadata)
     aws.collect(0.0)
-    metadata.stop()
-    with pytest.raises(OSError):
+    metadata.failing = 503
+    with pytest.raises(MetadataError, match="HTTP 503"):
         aws.collect(1.0)
-    gcp = PreemptionCollector(provider="gcp", gcp_url=metadata.url)
-    with pytest.raises(OSError):
-        gcp.collect(0.0)
+    metadata.failing = None
+    assert aws.collect(2.0).values["notice"] is None, "and it recovers by itself"
     assert issubclass(MetadataError, OSError)
+
+
+def test_connections_are_kept_alive_and_renewed() -> None:
+    """One connection for many polls; when the service closed it while idle, the next
+    poll opens another instead of failing."""
+    server = MetadataServer(("aws",), idle_timeout=0.3).start()
+    try:
+        aws = collector(server, "aws")
+        for t in range(5):
+            aws.collect(float(t))
+        time.sleep(0.6)
+        server.preempt(60)
+        assert notice_of(aws) is not None
+    finally:
+        server.stop()
 
 
 def test_spot_notice_once_per_notice() -> None:
