@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from nats.errors import Error as NatsError
 from rich.console import Console
 
 from coordinator.ctl import local
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+    except (NatsError, TimeoutError) as exc:  # the bus went away mid-command
+        print(f"coordinatorctl: NATS: {exc or type(exc).__name__}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `coordinatorctl tail | head`: the reader is gone, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
