@@ -162,9 +162,11 @@ async def measure(url: str, tree: Path, agent: int, args: argparse.Namespace) ->
         await nc.subscribe(subject, cb=bus.on_event)
     await serve(nc, CLUSTER)  # the coordinator's side of the clock offset
     await asyncio.sleep(args.warmup)  # imports, first samples, NVML start-up
+    load0 = os.getloadavg()[1]
     cpu0, wall0 = cpu_seconds(agent), time.monotonic()
     await asyncio.sleep(args.duration)
     cpu, wall = cpu_seconds(agent) - cpu0, time.monotonic() - wall0
+    load = (load0 + os.getloadavg()[1]) / 2  # others' work inflates CPU time (cache, switches)
     memory = memory_mb(agent)
     latency = await detection(bus, tree, nc, args.trials)
     await nc.close()
@@ -172,6 +174,8 @@ async def measure(url: str, tree: Path, agent: int, args: argparse.Namespace) ->
         "node": "simulated: 8 stub GPUs, 4 NVMe, default intervals",
         "duration_s": round(wall, 1),
         "cpu_pct_of_one_core": round(100 * cpu / wall, 3),
+        "machine_load_5min": round(load, 2),
+        "machine_cores": os.cpu_count(),
         "rss_mb": round(memory["VmRSS"], 1),
         "peak_rss_mb": round(memory["VmHWM"], 1),
         **latency,

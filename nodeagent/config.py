@@ -58,7 +58,7 @@ class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ClockSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    interval_s: Positive = 1.0
+    interval_s: Positive = 5.0  # clocks drift over minutes; peer and chrony are slower still
     max_offset_ms: Positive = 5.0
     recover_ms: Positive = 2.0
     confirm: Count = 2

@@ -110,7 +110,7 @@ class ClockCollector:
         self,
         *,
         peer: PeerClock,
-        interval_s: float = 1.0,
+        interval_s: float = 5.0,
         use_adjtimex: bool = True,
         chronyc: list[str] | None = None,
         chrony_interval_s: float = 16.0,

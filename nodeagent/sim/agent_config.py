@@ -40,6 +40,7 @@ def settings(node: SimulatedNode) -> dict[str, Any]:
         },
         "gpu": gpu,
         "clock": {
+            "interval_s": 1.0,
             "adjtimex": False,  # the host kernel's sync state is not this node's
             "chronyc": [],
             "skew_file": str(node.skew_file),
