@@ -1,17 +1,23 @@
-"""Two-stage checkpoints: the loop blocks only to stage state in RAM; a background thread
-makes it durable.
+"""Two-stage checkpoints: the loop blocks only to snapshot state in memory; a background
+thread serialises it and makes it durable.
 
-Stage: each rank writes its files (whatever its engine saves, plus the trainer's step and
-RNG) into its own staging dir (``/dev/shm`` by default): a private copy the next optimizer
-step cannot touch.
+Snapshot (the only part the training loop waits for): each rank copies its model and
+optimizer tensors into host buffers (:class:`HostBuffers`) that are allocated on the first
+checkpoint and reused by every later one (on CUDA: pinned memory, non-blocking copies, one
+synchronize per device), and captures its step and RNG (the data position is a pure
+function of the step). The result is a dict of file name -> object to ``torch.save``: a
+private copy the next optimizer step cannot touch. An engine that must write files itself
+may also write them into the rank's staging dir (``/dev/shm`` by default) during the
+snapshot; nothing else is written there.
 
-Persist, in one background thread per rank: copy the staged files into
-``<dir>/step-<N>/`` (hashed while copying, fsynced), then gather every rank's file list
-with sha256 and sizes over a dedicated gloo group; rank 0 writes the manifest and moves
-``latest`` (:func:`trainer.durable.commit`) only if every rank succeeded, prunes old
-checkpoints and reports the checkpoint. A separate process group keeps these collectives
-from interleaving with the training loop's. One persist at a time: staging the next waits
-for the previous, and that wait counts as stall.
+Persist, in one background thread per rank: serialise each snapshot object straight into
+``<dir>/step-<N>/`` and copy any staged files there (hashed while writing, fsynced), then
+gather every rank's file list with sha256 and sizes over a dedicated gloo group; rank 0
+writes the manifest and moves ``latest`` (:func:`trainer.durable.commit`) only if every
+rank succeeded, prunes old checkpoints and reports the checkpoint. A separate process group
+keeps these collectives from interleaving with the training loop's. One persist at a time:
+the next snapshot waits for the previous persist (it reuses its buffers), and that wait
+counts as stall.
 
 Resume: every rank checks the files it needs in each candidate (``latest`` first, then
 older) against the manifest, and the ranks agree (all-reduce MIN) on the newest one valid
@@ -22,6 +28,7 @@ different steps.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import shutil
@@ -39,7 +46,9 @@ import torch.distributed as dist
 from trainer import durable
 
 OnDurable = Callable[[int, Path, float], None]
-Stage = Callable[[Path], None]  # writes this rank's checkpoint files into an empty dir
+# Takes this rank's snapshot: returns file name (relative to the step dir) -> object to
+# serialise with torch.save in the background; may also write files into the (empty) dir.
+Stage = Callable[[Path], dict[str, Any]]
 
 
 def default_staging_dir(job_id: str, workdir: Path) -> Path:
@@ -49,6 +58,77 @@ def default_staging_dir(job_id: str, workdir: Path) -> Path:
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm / f"ringmaster-{safe}"
     return workdir / ".staging"
+
+
+class HostBuffers:
+    """Host copies of nested state (dicts, lists and tuples of tensors and plain values),
+    in buffers allocated once and reused by every later copy of the same shapes.
+
+    Only copy while nothing reads the previous copy: :meth:`Checkpointer.save` takes a
+    snapshot only once the previous persist has finished.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    def copy(self, state: Any, name: str) -> Any:
+        """A copy of ``state`` (named ``name``: its buffers are kept apart from other
+        names') whose tensors are this object's CPU buffers; containers are rebuilt and other
+        values deep-copied. Views of the same memory stay shared (tied weights), tensor
+        subclasses and non-strided tensors are cloned instead. Returns once every copy has
+        landed (CUDA: pinned buffers, non-blocking copies, then one synchronize per device)."""
+        seen: set[tuple[Any, ...]] = set()
+        aliases: dict[tuple[Any, ...], torch.Tensor] = {}
+        devices: set[torch.device] = set()
+
+        def walk(item: Any, path: tuple[Any, ...]) -> Any:
+            if isinstance(item, torch.Tensor):
+                return tensor(item.detach(), path)
+            if isinstance(item, dict):
+                out = copy.copy(item)  # keeps the type and attributes (state_dict's _metadata)
+                for key, value in item.items():
+                    out[key] = walk(value, (*path, key))
+                return out
+            if type(item) is list:
+                return [walk(value, (*path, i)) for i, value in enumerate(item)]
+            if type(item) is tuple:
+                return tuple(walk(value, (*path, i)) for i, value in enumerate(item))
+            return copy.deepcopy(item)
+
+        def tensor(t: torch.Tensor, path: tuple[Any, ...]) -> torch.Tensor:
+            if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized:
+                return copy.deepcopy(t)  # rare: no preallocated buffer, but still a copy
+            storage = (t.untyped_storage().data_ptr(), t.storage_offset())
+            alias = (t.device, t.dtype, *storage, tuple(t.shape), t.stride())
+            if t.numel() and alias in aliases:
+                return aliases[alias]
+            buf = self._buffers.get(path)
+            pin = t.is_cuda
+            if (
+                buf is None
+                or buf.shape != t.shape
+                or buf.dtype != t.dtype
+                or buf.is_pinned() != pin
+            ):
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+                self._buffers[path] = buf
+            seen.add(path)
+            buf.copy_(t, non_blocking=pin)
+            if pin:
+                devices.add(t.device)
+            aliases[alias] = buf
+            return buf
+
+        copied = walk(state, (name,))
+        for device in devices:
+            torch.cuda.synchronize(device)
+        for path in [p for p in self._buffers if p[0] == name and p not in seen]:
+            del self._buffers[path]  # state that disappeared: free its buffer
+        return copied
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
 
 
 @dataclass
@@ -92,6 +172,7 @@ class Checkpointer:
         engine: str,
         on_durable: OnDurable | None = None,
         persist_delay_s: float = 0.0,
+        persist_gate: Path | None = None,
     ) -> None:
         self.root = root
         self.coord = coord
@@ -99,18 +180,20 @@ class Checkpointer:
         self.engine = engine
         self.on_durable = on_durable
         self.persist_delay_s = persist_delay_s  # test hook: widens the window for a kill
+        self.persist_gate = persist_gate  # test hook: persists start serialising once it exists
         self.staging = staging / f"rank-{coord.rank}"
         self.last_step: int | None = None  # newest step staged (or resumed from)
         self.last_stall_s = 0.0
+        self.last_in_memory: list[str] = []  # files of the newest snapshot still in memory
         self.durable_step: int | None = None  # newest step this rank knows is committed
         self._thread: threading.Thread | None = None
         root.mkdir(parents=True, exist_ok=True)
 
     def save(self, step: int, stage: Stage) -> float:
-        """Stage step ``step`` (``stage`` writes the files) and start persisting it; returns
-        the seconds the caller was blocked. Saving the step already staged just waits for it
-        to be durable and reports it again (an on-demand checkpoint right after a periodic
-        one)."""
+        """Snapshot step ``step`` (``stage`` takes it) and start persisting it; returns the
+        seconds the caller was blocked (waiting for the previous persist, then the
+        snapshot). Saving the step already staged just waits for it to be durable and
+        reports it again (an on-demand checkpoint right after a periodic one)."""
         start = time.monotonic()
         self.wait()
         if step == self.last_step:
@@ -119,11 +202,11 @@ class Checkpointer:
             return stall
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
-        stage(self.staging)
+        objects = stage(self.staging)
         stall = time.monotonic() - start
-        self.last_step, self.last_stall_s = step, stall
+        self.last_step, self.last_stall_s, self.last_in_memory = step, stall, sorted(objects)
         self._thread = threading.Thread(
-            target=self._persist, args=(step, stall), name=f"persist-{step}", daemon=True
+            target=self._persist, args=(step, stall, objects), name=f"persist-{step}", daemon=True
         )
         self._thread.start()
         return stall
@@ -145,13 +228,19 @@ class Checkpointer:
         with contextlib.suppress(OSError):
             self.staging.parent.rmdir()  # only once every rank on the node has left
 
-    def _persist(self, step: int, stall: float) -> None:
+    def _persist(self, step: int, stall: float, objects: dict[str, Any]) -> None:
         step_dir = self.root / durable.step_dir_name(step)
         entries: dict[str, durable.FileEntry] | None = None
         try:
+            while self.persist_gate is not None and not self.persist_gate.exists():
+                time.sleep(0.05)
             entries = durable.copy_tree(self.staging, step_dir)
-        except OSError as exc:
-            print(f"trainer: persist of step {step} failed: {exc}", file=sys.stderr, flush=True)
+            for name, obj in objects.items():
+                entries[name] = durable.write_and_hash(step_dir / name, _saver(obj))
+            durable.fsync_parents(step_dir, objects)
+        except Exception as exc:  # any failure must still reach the all_gather below
+            print(f"trainer: persist of step {step} failed: {exc!r}", file=sys.stderr, flush=True)
+            entries = None
         if self.persist_delay_s:
             time.sleep(self.persist_delay_s)
         gathered: list[dict[str, durable.FileEntry] | None] = self.coord.all_gather(entries)
@@ -172,6 +261,13 @@ class Checkpointer:
     def _announce(self, step: int, stall: float) -> None:
         if self.on_durable is not None and self.coord.rank == 0 and self.durable_step == step:
             self.on_durable(step, self.root / durable.step_dir_name(step), stall)
+
+
+def _saver(obj: Any) -> Callable[[durable.Sink], None]:
+    def save(sink: durable.Sink) -> None:
+        torch.save(obj, sink)  # type: ignore[arg-type]  # write and flush are all it uses
+
+    return save
 
 
 FileChooser = Callable[[durable.Manifest], list[str] | None]

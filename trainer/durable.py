@@ -20,7 +20,9 @@ import hashlib
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 import msgspec
 
@@ -95,6 +97,52 @@ def copy_and_hash(src: Path, dst: Path) -> FileEntry:
     return FileEntry(sha256=digest.hexdigest(), size=size)
 
 
+class Sink(Protocol):
+    """What a writer passed to :func:`write_and_hash` may call (``torch.save`` needs no
+    more)."""
+
+    def write(self, data: bytes | memoryview, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class _HashingWriter:
+    """A write-only file object that hashes and counts what passes through it."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out = out
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.out.write(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def write_and_hash(dst: Path, write: Callable[[Sink], object]) -> FileEntry:
+    """Create ``dst`` with what ``write`` writes into the file object it is given (fsynced,
+    via a temporary name), hashing while writing; the parent dir is created if needed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    with tmp.open("wb") as fout:
+        hashing = _HashingWriter(fout)
+        write(hashing)
+        fout.flush()
+        os.fsync(fout.fileno())
+    tmp.replace(dst)
+    return FileEntry(sha256=hashing.digest.hexdigest(), size=hashing.size)
+
+
+def fsync_parents(root: Path, names: Iterable[str]) -> None:
+    """Fsync the directories under ``root`` holding the files ``names`` (relative paths)."""
+    for parent in {(root / name).parent for name in names}:
+        fsync_dir(parent)
+
+
 def copy_tree(src: Path, dst: Path) -> dict[str, FileEntry]:
     """Copy every file under ``src`` into ``dst`` (merging with what other ranks put
     there), fsyncing files and directories; returns the entries by relative path."""
@@ -103,8 +151,7 @@ def copy_tree(src: Path, dst: Path) -> dict[str, FileEntry]:
         rel = path.relative_to(src)
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         entries[rel.as_posix()] = copy_and_hash(path, dst / rel)
-    for parent in {(dst / rel).parent for rel in entries}:
-        fsync_dir(parent)
+    fsync_parents(dst, entries)
     return entries
 
 

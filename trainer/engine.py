@@ -9,7 +9,7 @@ shard a rank needs on resume.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from proto.job import TrainSection
 from trainer import durable
-from trainer.checkpoint import load_file
+from trainer.checkpoint import HostBuffers, load_file
 from trainer.model import lm_loss
 from trainer.precision import Precision, autocast_context
 
@@ -31,8 +31,11 @@ class Engine(Protocol):
         """One optimizer step; returns the loss averaged over all ranks."""
         ...
 
-    def stage(self, directory: Path) -> None:
-        """Write this rank's model and optimizer state into ``directory``."""
+    def snapshot(self, directory: Path) -> dict[str, Any]:
+        """Copy this rank's model and optimizer state for a checkpoint, quickly (the loop
+        waits): file name -> an in-memory copy the next step cannot change, serialised later
+        by the persist thread. An engine that cannot hand over its state that way may write
+        files into ``directory`` (the rank's empty staging dir) instead."""
         ...
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
@@ -41,7 +44,7 @@ class Engine(Protocol):
         ...
 
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
-        """Restore the state :meth:`stage` wrote, from a verified checkpoint."""
+        """Restore the state :meth:`snapshot` captured, from a verified checkpoint."""
         ...
 
 
@@ -73,6 +76,7 @@ class DDPEngine:
         )
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=train.lr)
         self.autocast = autocast_context(precision, device)
+        self.buffers = HostBuffers()
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         self.optimizer.zero_grad(set_to_none=True)
@@ -86,9 +90,10 @@ class DDPEngine:
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         return mean.item() / self.world_size
 
-    def stage(self, directory: Path) -> None:
+    def snapshot(self, directory: Path) -> dict[str, Any]:
         state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-        torch.save(state, directory / durable.shard_name(self.rank))
+        name = durable.shard_name(self.rank)
+        return {name: self.buffers.copy(state, name)}
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         if manifest.engine != self.name:

@@ -3,10 +3,14 @@ protocol as DDP.
 
 DeepSpeed owns gradient reduction, clipping, the optimizer (partitioned across ranks from
 stage 1) and, from stage 3, the parameters themselves. Its checkpoint is its own layout
-(``ds/mp_rank_00_model_states.pt``, ``ds/zero_pp_rank_<r>_…_optim_states.pt``, …), which
-each rank writes into its own staging dir; persisting merges the ranks' files into one
-step dir, exactly the directory ``load_checkpoint`` expects. The durable dir must be
-shared by the job's nodes, as ranks load files other ranks wrote.
+(``ds/mp_rank_00_model_states.pt``, ``ds/zero_pp_rank_<r>_…_optim_states.pt``, …), built
+by its own ``save_checkpoint`` in the loop (it takes collectives, so it cannot move to the
+persist thread). Every state dict it hands its checkpoint engine's ``save`` is captured
+instead of written: copied into reused host buffers (:class:`_SnapshotEngine`), so the
+loop does not wait for serialisation; the few plain files it copies itself (the
+``zero_to_fp32.py`` recovery scripts) land in the rank's staging dir. Persisting merges
+the ranks' files into one step dir, exactly the directory ``load_checkpoint`` expects. The
+durable dir must be shared by the job's nodes, as ranks load files other ranks wrote.
 
 On CPU, two settings avoid minutes of JIT compilation on first use: ``torch_adam`` (plain
 torch AdamW instead of the fused C++ one) and disabling the ``deepspeed_shm_comm`` op.
@@ -26,6 +30,7 @@ from torch import nn
 
 from proto.job import TrainSection
 from trainer import durable
+from trainer.checkpoint import HostBuffers
 from trainer.model import lm_loss
 from trainer.precision import Precision
 
@@ -42,6 +47,26 @@ def ds_config(train: TrainSection, precision: Precision) -> dict[str, Any]:
         "bf16": {"enabled": precision == "bf16"},
         "steps_per_print": 2**31 - 1,  # progress is ours to report
     }
+
+
+class _SnapshotEngine:
+    """Stands in for DeepSpeed's checkpoint engine during one ``save_checkpoint``: each
+    ``save(state_dict, path)`` copies the state into host buffers and records it under
+    ``path`` relative to ``root``; everything else (makedirs, create, commit, load) is the
+    real engine's."""
+
+    def __init__(self, inner: Any, buffers: HostBuffers, root: Path) -> None:
+        self.inner = inner
+        self.buffers = buffers
+        self.root = root
+        self.objects: dict[str, Any] = {}
+
+    def save(self, state_dict: Any, path: str) -> None:
+        name = Path(path).relative_to(self.root).as_posix()
+        self.objects[name] = self.buffers.copy(state_dict, name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class DeepSpeedEngine:
@@ -69,6 +94,7 @@ class DeepSpeedEngine:
             model_parameters=module.parameters(),
             config=ds_config(train, precision),
         )
+        self.buffers = HostBuffers()
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         loss = lm_loss(self.ds(inputs.to(self.device)), targets.to(self.device))
@@ -78,8 +104,18 @@ class DeepSpeedEngine:
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         return mean.item() / self.world_size
 
-    def stage(self, directory: Path) -> None:
-        self.ds.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+    def snapshot(self, directory: Path) -> dict[str, Any]:
+        real = self.ds.checkpoint_engine
+        if real.is_decoupled():  # writes on its own schedule: let it write the files
+            self.ds.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+            return {}
+        capture = _SnapshotEngine(real, self.buffers, directory)
+        self.ds.checkpoint_engine = capture
+        try:
+            self.ds.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+        finally:
+            self.ds.checkpoint_engine = real
+        return capture.objects
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         # ZeRO partitions are tied to the world size they were written with.

@@ -36,6 +36,7 @@ class Hooks:
     """Test and benchmark hooks (environment variables, see :mod:`trainer.worker`)."""
 
     persist_delay_s: float = 0.0
+    persist_gate: Path | None = None  # persists wait for this file before serialising
     trace_dir: Path | None = None  # per-rank JSON lines: step, sample ids, loss
     control_broadcast: bool = True
 
@@ -161,15 +162,19 @@ class Trainer:
         )
 
     def _checkpoint(self) -> None:
-        stall = self.checkpointer.save(self.step, self._stage)
-        self.log("checkpoint_staged", step=self.step, stall_s=stall)
+        stall = self.checkpointer.save(self.step, self._snapshot)
+        in_memory = len(self.checkpointer.last_in_memory)  # files serialised in the background
+        self.log("checkpoint_staged", step=self.step, stall_s=stall, in_memory=in_memory)
 
-    def _stage(self, directory: Path) -> None:
-        self.engine.stage(directory)
+    def _snapshot(self, directory: Path) -> dict[str, Any]:
+        """The engine's snapshot plus this rank's step and RNG (fresh tensors already);
+        the data position is a pure function of the step."""
+        objects = self.engine.snapshot(directory)
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save({"step": self.step, "rng": rng}, directory / durable.trainer_file(self.rank))
+        objects[durable.trainer_file(self.rank)] = {"step": self.step, "rng": rng}
+        return objects
 
     def _durable(self, step: int, path: Path, stall_s: float) -> None:
         """Called (rank 0, persist thread) once step ``step`` is committed."""

@@ -7,7 +7,9 @@ completed or was stopped (its final checkpoint durable), 2 for a bad spec (one l
 stderr, before joining the process group), 143 on SIGTERM, 1 on any other failure.
 
 Hooks for tests and benchmarks only: ``RINGMASTER_TEST_PERSIST_DELAY_S`` (seconds each
-persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_TRACE``
+persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_PERSIST_GATE``
+(a path: each persist waits for that file to exist before it serialises anything),
+``RINGMASTER_TEST_TRACE``
 (a directory for per-rank step traces with sample ids) and ``RINGMASTER_BENCH_NO_CONTROL=1``
 (skip the step-boundary broadcast, to measure its cost).
 """
@@ -70,8 +72,10 @@ def _batches(launch: Launch, cfg: ModelConfig) -> Batches:
 
 def _hooks(env: Mapping[str, str]) -> Hooks:
     trace = env.get("RINGMASTER_TEST_TRACE")
+    gate = env.get("RINGMASTER_TEST_PERSIST_GATE")
     return Hooks(
         persist_delay_s=float(env.get("RINGMASTER_TEST_PERSIST_DELAY_S", "0")),
+        persist_gate=Path(gate) if gate else None,
         trace_dir=Path(trace) if trace else None,
         control_broadcast=env.get("RINGMASTER_BENCH_NO_CONTROL") != "1",
     )
@@ -134,6 +138,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             keep=ckpt.keep,
             engine=engine.name,
             persist_delay_s=hooks.persist_delay_s,
+            persist_gate=hooks.persist_gate,
         )
         termination.on_sigterm(checkpointer.discard_staging)
         control = StepControl(launch.rank, device, link, enabled=hooks.control_broadcast)

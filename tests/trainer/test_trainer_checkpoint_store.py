@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from trainer import durable
-from trainer.checkpoint import Checkpointer, Coordination, Stage, find_resumable, load_file
+from trainer.checkpoint import (
+    Checkpointer,
+    Coordination,
+    HostBuffers,
+    Stage,
+    find_resumable,
+    load_file,
+)
 
 
 def own_files(manifest: durable.Manifest) -> list[str]:
@@ -35,12 +44,22 @@ def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, P
 
 
 def state(step: int) -> Stage:
-    """A stage function writing one file, as a DDP rank does."""
+    """A snapshot function handing over one in-memory object, as a DDP rank does."""
 
-    def stage(directory: Path) -> None:
-        torch.save(
-            {"step": step, "weights": torch.full((64,), float(step))}, directory / "rank-0.pt"
-        )
+    def stage(directory: Path) -> dict[str, Any]:
+        return {"rank-0.pt": {"step": step, "weights": torch.full((64,), float(step))}}
+
+    return stage
+
+
+def staged_file(step: int) -> Stage:
+    """A snapshot function that writes its file into the staging dir, as DeepSpeed's
+    recovery scripts are."""
+
+    def stage(directory: Path) -> dict[str, Any]:
+        (directory / "extra").mkdir()
+        (directory / "extra" / "notes.txt").write_text(f"step {step}")
+        return {"rank-0.pt": {"step": step}}
 
     return stage
 
@@ -76,21 +95,56 @@ def test_saving_the_same_step_again_reports_it_without_rewriting(tmp_path: Path)
     assert durable.read_manifest(tmp_path / "ckpt" / "step-5") == created
 
 
-def test_loop_blocks_only_for_staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loop_blocks_only_for_the_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt, _ = make(tmp_path)
     release = threading.Event()
-    real_copy = durable.copy_and_hash
+    real_write = durable.write_and_hash
 
-    def slow_copy(src: Path, dst: Path) -> durable.FileEntry:
+    def held_write(dst: Path, write: Any) -> durable.FileEntry:
         release.wait(30)
-        return real_copy(src, dst)
+        return real_write(dst, write)
 
-    monkeypatch.setattr(durable, "copy_and_hash", slow_copy)
-    ckpt.save(1, state(1))  # returns while the persist is held
+    monkeypatch.setattr(durable, "write_and_hash", held_write)
+    ckpt.save(1, state(1))  # returns while serialisation is held
     assert durable.read_latest(tmp_path / "ckpt") is None
+    assert not list(tmp_path.rglob("*.pt"))  # nothing serialised yet, anywhere
     release.set()
     ckpt.wait()
     assert durable.read_latest(tmp_path / "ckpt") == "step-1"
+
+
+def test_staged_files_and_snapshot_objects_share_the_manifest(tmp_path: Path) -> None:
+    ckpt, _ = make(tmp_path)
+    ckpt.save(2, staged_file(2))
+    ckpt.close()
+    step_dir = tmp_path / "ckpt" / "step-2"
+    manifest = durable.read_manifest(step_dir)
+    assert manifest is not None and manifest.ranks == {"0": ["extra/notes.txt", "rank-0.pt"]}
+    assert all(durable.verify(step_dir, manifest, name) for name in manifest.files)
+    assert (step_dir / "extra" / "notes.txt").read_text() == "step 2"
+    assert load_file(step_dir / "rank-0.pt") == {"step": 2}
+
+
+def test_host_buffers_snapshot_is_private_and_reused() -> None:
+    weight = torch.randn(4, 3)
+    model: OrderedDict[str, torch.Tensor] = OrderedDict(emb=weight, head=weight, bias=torch.ones(3))
+    model._metadata = {"": {"version": 1}}  # type: ignore[attr-defined]
+    live = {"model": model, "optimizer": {"state": {0: {"step": torch.tensor(5.0)}}, "lr": [0.1]}}
+    buffers = HostBuffers()
+    first = buffers.copy(live, "rank-0.pt")
+    snap = {k: v.clone() for k, v in first["model"].items()}
+    assert first["model"]._metadata == model._metadata  # type: ignore[attr-defined]
+    assert first["model"]["emb"] is first["model"]["head"]  # tied weights stay tied
+    assert first["model"]["emb"].data_ptr() != weight.data_ptr()
+    weight.add_(1.0)  # the next optimizer step
+    live["optimizer"]["state"][0]["step"].add_(1)  # type: ignore[index]
+    assert torch.equal(first["model"]["emb"], snap["emb"])
+    assert first["optimizer"]["state"][0]["step"].item() == 5.0
+    second = buffers.copy(live, "rank-0.pt")
+    assert second["model"]["emb"].data_ptr() == first["model"]["emb"].data_ptr()  # reused
+    assert torch.equal(second["model"]["emb"], weight)
+    assert second["optimizer"]["state"][0]["step"].item() == 6.0
+    assert buffers.nbytes == (12 + 3 + 1) * 4
 
 
 def test_corrupt_or_partial_checkpoints_are_skipped(tmp_path: Path) -> None:

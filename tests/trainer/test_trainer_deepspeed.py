@@ -56,4 +56,8 @@ def test_zero1_bf16_trains_and_leaves_no_shared_memory(
     assert len(steps) == 4 and all(0 < float(s["loss"]) < 10 for s in steps)
     assert ranks.events(0, "model")[0]["engine"] == "deepspeed-zero1"
     assert durable.read_latest(tmp_path / "ckpt") == "step-4"
+    # DeepSpeed's state dicts were captured in memory, not serialised in the loop: rank 0's
+    # model states + each rank's optimizer partition + the trainer's step and RNG
+    staged = [ranks.events(r, "checkpoint_staged")[0]["in_memory"] for r in (0, 1)]
+    assert staged == ["3", "2"]
     assert set(Path("/dev/shm").iterdir()) <= before

@@ -109,6 +109,35 @@ def test_kill_during_persist_keeps_previous_checkpoint(
     assert durable.read_latest(root) == "step-6"
 
 
+def test_training_continues_while_a_checkpoint_is_unserialised(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    """The loop waits for a snapshot, never for serialisation: with every persist held
+    before it writes a byte, the ranks still train past the checkpoint."""
+    agent = FakeAgent(tmp_path / "agent.sock")
+    gate = tmp_path / "gate"
+    spec = make_spec(train={"steps": 8}, checkpoint={"every_steps": 4})
+    ranks = launch(spec, socket_path=agent.path, env={"RINGMASTER_TEST_PERSIST_GATE": str(gate)})
+    agent.wait_for(StepDone, lambda m: m.step >= 7)
+    for rank in (0, 1):
+        staged = ranks.events(rank, "checkpoint_staged")[0]
+        assert (staged["step"], staged["in_memory"]) == ("4", "2")  # shard + step/RNG
+    # steps 5-7 ran while step 4's checkpoint was still only in memory
+    staging = default_staging_dir(launch.job_id, tmp_path)
+    assert not [p for p in (*tmp_path.rglob("*.pt"), *staging.rglob("*")) if p.is_file()]
+    assert not agent.of(Checkpointed)
+    gate.touch()
+    finished = agent.wait_for(Finished)
+    assert ranks.wait() == [0, 0], ranks.log(0)
+    assert (finished.step, finished.outcome) == (8, "completed")
+    assert [m.step for m in agent.of(Checkpointed)] == [4, 8]
+    assert durable.read_latest(tmp_path / "ckpt") == "step-8"
+    found = find_resumable(tmp_path / "ckpt", Coordination(), lambda m: ["rank-0.pt"])
+    assert found is not None and found[1].name == "step-8"
+    assert load_file(tmp_path / "ckpt" / "step-4" / "trainer-rank-1.pt")["step"] == 4
+    agent.close()
+
+
 def test_pause_holds_every_rank_then_resume_completes(
     tmp_path: Path, launch: Any, make_spec: MakeSpec
 ) -> None:
