@@ -38,7 +38,7 @@ from proto.node import NodeRecord
 
 log = structlog.get_logger()
 Handler = Callable[[bytes], Awaitable[None]]
-NODE_REFRESH_S = 5.0  # node records are rewritten at least this often
+NODE_REFRESH_S = 15.0  # telemetry in node records is at most this old
 WRITES_IN_FLIGHT = 32  # bounded, so lease renewals and commands never queue behind them
 
 
@@ -171,7 +171,7 @@ class Leadership:
         health) and otherwise at most every ``NODE_REFRESH_S``: telemetry changes every
         beat, and 10,000 nodes must not mean 10,000 KV writes a second."""
         wall, mono = time.time(), time.monotonic()
-        due = []
+        changed, stale = [], []
         for node in list(self.registry.nodes.values()):  # heartbeats add nodes meanwhile
             key = (
                 node.state,
@@ -182,8 +182,15 @@ class Leadership:
                 node.topology_ok,
             )
             written = self._node_written.get(node.id)
-            if written is None or written[0] != key or mono - written[1] >= NODE_REFRESH_S:
-                due.append((node, key))
+            if written is None or written[0] != key:
+                changed.append((node, key))
+            elif mono - written[1] >= NODE_REFRESH_S:
+                stale.append((written[1], node, key))
+        # Refreshes are spread evenly (a share of the nodes each pass, oldest first) rather
+        # than arriving as one burst every NODE_REFRESH_S; changes always go at once.
+        budget = max(1, len(self.registry.nodes) // int(NODE_REFRESH_S))
+        stale.sort(key=lambda item: item[0])
+        due = changed + [(node, key) for _, node, key in stale[:budget]]
         gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
 
         async def write(node: NodeInfo, key: object) -> None:
