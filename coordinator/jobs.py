@@ -25,7 +25,7 @@ from coordinator.registry import Registry
 from coordinator.rendezvous import admit, plan
 from proto.api import ApiReply, JobControl, SubmitJob
 from proto.codec import encode, job_decoder
-from proto.commands import CheckpointNow, Launch, Pause, ReservePort, Resume, Stop
+from proto.commands import CheckpointNow, Launch, Pause, ReservePort, Resume, ResyncClock, Stop
 from proto.events import (
     EventBase,
     JobCheckpointed,
@@ -164,6 +164,18 @@ class JobManager:
             for action in policy.decide(job, event):
                 await self.apply(job, action)
 
+    async def on_node_event(self, event: EventBase) -> None:
+        for action in policy.decide_node(event):
+            if isinstance(action, policy.ResyncNode):
+                await self._resync(action.node, action.reason)
+
+    async def _resync(self, node: str, reason: str) -> None:
+        """The agent steps its clock and reports ``clock.resynced`` with the offsets."""
+        log.info("resyncing clock", node=node, reason=reason)
+        reply = await self.cmd.send(node, ResyncClock(), timeout=60)
+        if not reply.ok:
+            log.warning("clock resync failed", node=node, error=reply.error)
+
     async def on_progress(self, msg: Progress) -> None:
         job = self.jobs.get(msg.job)
         if job is None or job.state.terminal:
@@ -219,6 +231,8 @@ class JobManager:
                 await self._checkpoint(job, reason)
             case policy.DrainNode(node=node, reason=reason):
                 self.registry.drain(node, reason)
+            case policy.ResyncNode(node=node, reason=reason):
+                await self._resync(node, reason)
             case policy.RestartJob(reason=reason, exclude=exclude):
                 await self._recover(job, reason, exclude)
             case policy.FinishJob(state=state, reason=reason):

@@ -145,6 +145,7 @@ class Leadership:
                 self.registry.set_fault(node, f"nvme:{dev}", None)
             case NvmeReadonly(device=dev, readonly=ro):
                 self.registry.set_fault(node, f"ro:{dev}", f"NVMe {dev} read-only" if ro else None)
+        await self.jobs.on_node_event(event)
         await self.jobs.on_event(event)
 
     async def _on_progress(self, data: bytes) -> None:

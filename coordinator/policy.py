@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proto.events import (
+    ClockDrift,
+    ClockResynced,
     EventBase,
     GpuThermal,
     NodeLost,
@@ -55,12 +57,18 @@ class DrainNode:
 
 
 @dataclass(frozen=True)
+class ResyncNode:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class FinishJob:
     state: JobState
     reason: str
 
 
-Action = PauseJob | ResumeJob | CheckpointJob | RestartJob | DrainNode | FinishJob
+Action = PauseJob | ResumeJob | CheckpointJob | RestartJob | DrainNode | ResyncNode | FinishJob
 
 
 def decide(job: JobRecord, event: EventBase) -> list[Action]:
@@ -89,9 +97,24 @@ def decide(job: JobRecord, event: EventBase) -> list[Action]:
         case SpotNotice(node=str(node), provider=provider):
             why = f"preemption notice on {node} ({provider})"
             return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
-        case GpuThermal(node=str(node), temp_c=temp, gpu=gpu) if temp >= pol.gpu_critical_c:
-            why = f"GPU {gpu} on {node} at {temp:.0f} °C"
+        case GpuThermal(node=str(node), temp_c=temp, gpu=gpu, level=level) if (
+            level != "normal" and (level == "critical" or temp >= pol.gpu_critical_c)
+        ):
+            # critical: at the threshold, or a hardware thermal slowdown below it
+            why = f"GPU {gpu} on {node} at {temp:.0f} °C ({', '.join(event.reasons) or level})"
             return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
+        case ClockResynced(node=str(node), ok=False, offset_after_ms=after):
+            why = f"clock on {node} still {after:.1f} ms off after a resync"
+            return [DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
+    return []
+
+
+def decide_node(event: EventBase) -> list[Action]:
+    """Reactions that concern a node whether or not it hosts a job."""
+    match event:
+        case ClockDrift(node=str(node), recovered=False, offset_ms=offset, synced=synced):
+            state = f"{offset:.1f} ms off" if synced else "unsynchronised"
+            return [ResyncNode(node, f"clock {state}")]
     return []
 
 

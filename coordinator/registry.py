@@ -46,8 +46,10 @@ class Registry:
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
         node.preflight_ok, node.topology_ok = beat.preflight_ok, beat.topology_ok
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
-        if node.state is NodeState.LOST:
-            node.state = NodeState.DEGRADED if node.faults else NodeState.READY
+        if node.state in (NodeState.LOST, NodeState.READY, NodeState.DEGRADED):
+            # the agent's own view of what is wrong counts as much as the events seen here
+            faulty = bool(node.faults or beat.telemetry.faults)
+            node.state = NodeState.DEGRADED if faulty else NodeState.READY
         return node, fresh
 
     def sweep(self, now: float) -> list[NodeInfo]:
@@ -70,7 +72,8 @@ class Registry:
         else:
             node.faults[key] = description
         if node.state in (NodeState.READY, NodeState.DEGRADED):
-            node.state = NodeState.DEGRADED if node.faults else NodeState.READY
+            faulty = bool(node.faults or node.telemetry.faults)
+            node.state = NodeState.DEGRADED if faulty else NodeState.READY
 
     def drain(self, node_id: str, reason: str) -> None:
         node = self.nodes.get(node_id)

@@ -25,10 +25,12 @@ from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets, KvCasStore, ensure_layout
 from coordinator.leader import Leadership
 from coordinator.registry import Registry
+from nodeagent.collectors import clock_peer
 from proto import subjects
 from proto.codec import encode, heartbeat_decoder
 from proto.events import CoordinatorLeader, EventBase
 from proto.node import CoordinatorRecord
+from ringmaster import systemd_notify
 from ringmaster.bus import connect, publish_event
 
 log = structlog.get_logger()
@@ -62,24 +64,12 @@ class Coordinator:
                 self.registry.observe(heartbeat_decoder.decode(msg.data), time.monotonic())
 
         await beats_nc.subscribe(subjects.heartbeats(self.cluster), cb=on_beat)
+        # Agents measure their clock offset against the coordinators (NTP-style).
+        await clock_peer.serve(lease_nc, self.cluster)
         log.info("coordinator running", id=self.me, cluster=self.cluster)
         try:
-            while not stop.is_set():
-                was = election.role
-                try:
-                    role = await asyncio.wait_for(election.step(), timeout=self.ttl / 2)
-                except Exception as exc:
-                    log.warning("election round failed", error=repr(exc))
-                    role = election.role
-                if role is Role.LEADER and was is not Role.LEADER:
-                    await self._lead(nc, js, buckets, jobs)
-                elif role is not Role.LEADER and was is Role.LEADER:
-                    log.warning("lost leadership", id=self.me)
-                    await self._unlead()
-                await self._presence(lease_buckets)
-                pause = election.renew_every if role is Role.LEADER else 0.2
-                with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=pause)
+            async with systemd_notify.service(f"{self.me} running", self._status):
+                await self._elect(stop, nc, js, buckets, jobs, lease_buckets)
         finally:
             await self._unlead()
             with contextlib.suppress(Exception):
@@ -90,6 +80,40 @@ class Coordinator:
                 with contextlib.suppress(Exception):
                     # close, not drain: draining waits for pull subscriptions' open fetches
                     await conn.close()
+
+    async def _elect(
+        self,
+        stop: asyncio.Event,
+        nc: Client,
+        js: JetStreamContext,
+        buckets: Buckets,
+        jobs: JobManager,
+        lease_buckets: Buckets,
+    ) -> None:
+        """Election rounds until asked to stop: lead on winning, step down on losing."""
+        election = self.election
+        while not stop.is_set():
+            was = election.role
+            try:
+                role = await asyncio.wait_for(election.step(), timeout=self.ttl / 2)
+            except Exception as exc:
+                log.warning("election round failed", error=repr(exc))
+                role = election.role
+            if role is Role.LEADER and was is not Role.LEADER:
+                await self._lead(nc, js, buckets, jobs)
+            elif role is not Role.LEADER and was is Role.LEADER:
+                log.warning("lost leadership", id=self.me)
+                await self._unlead()
+            await self._presence(lease_buckets)
+            pause = election.renew_every if role is Role.LEADER else 0.2
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=pause)
+
+    def _status(self) -> str:
+        """systemd's STATUS= line: what ``systemctl status`` shows the on-call engineer."""
+        role = self.election.role.value
+        nodes = len(self.registry.nodes)
+        return f"{role} (epoch {self.election.epoch}), {nodes} nodes known"
 
     async def _layout(self, js: JetStreamContext, stop: asyncio.Event) -> Buckets:
         """Streams and buckets, retried while JetStream is not ready (a clustered server

@@ -15,7 +15,6 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from nodeagent import systemd_notify
 from nodeagent.collectors.base import BusAttached
 from nodeagent.commands import CommandHandler
 from nodeagent.config import AgentConfig, detect_addr
@@ -35,6 +34,7 @@ from proto.events import (
 )
 from proto.node import CollectorStatus, Heartbeat, Telemetry
 from proto.progress import Progress
+from ringmaster import systemd_notify
 from ringmaster.bus import connect, event_subject
 
 log = structlog.get_logger()

@@ -6,6 +6,8 @@ import pytest
 
 from coordinator import policy
 from proto.events import (
+    ClockDrift,
+    ClockResynced,
     GpuThermal,
     NodeLost,
     NvmeLatencyRecovered,
@@ -139,3 +141,25 @@ def test_lost_node_drains_and_restarts_without_it() -> None:
         policy.DrainNode("node-0", "heartbeat lost"),
         policy.RestartJob("node node-0 lost", ("node-0",)),
     ]
+
+
+def test_a_hardware_thermal_slowdown_is_critical_below_the_threshold() -> None:
+    slow = GpuThermal(
+        node="node-1", gpu=2, temp_c=80.0, level="critical", reasons=["hw_thermal_slowdown"]
+    )
+    actions = policy.decide(job(), slow)
+    assert [type(a) for a in actions] == [policy.CheckpointJob, policy.DrainNode, policy.RestartJob]
+    cooled = GpuThermal(node="node-1", gpu=2, temp_c=95.0, level="normal")
+    assert policy.decide(job(), cooled) == []
+
+
+def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
+    drift = ClockDrift(node="node-3", offset_ms=12.0, synced=True)
+    assert policy.decide_node(drift) == [policy.ResyncNode("node-3", "clock 12.0 ms off")]
+    unsynced = ClockDrift(node="node-3", synced=False)
+    assert policy.decide_node(unsynced)[0].reason == "clock unsynchronised"  # type: ignore[union-attr]
+    assert policy.decide_node(ClockDrift(node="node-3", recovered=True)) == []
+    failed = ClockResynced(node="node-1", ok=False, offset_after_ms=9.5)
+    actions = policy.decide(job(), failed)
+    assert [type(a) for a in actions] == [policy.DrainNode, policy.RestartJob]
+    assert policy.decide(job(), ClockResynced(node="node-1", ok=True)) == []

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_harness import Ctl
 
 from coordinator.embedded_nats import start_nats_cluster
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -34,35 +34,7 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
             )
         )
 
-    def ctl(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "coordinator.ctl.main", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    def status(job: str) -> dict:
-        # right after a server dies, a read can time out while R3 streams elect leaders;
-        # an operator would retry, so does the test (briefly)
-        for _ in range(20):
-            done = subprocess.run(
-                [sys.executable, "-m", "coordinator.ctl.main", "status", job, "--json"],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=60,
-                check=False,
-            )
-            if done.returncode == 0:
-                return json.loads(done.stdout)
-            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-            time.sleep(0.5)
-        raise AssertionError(done.stderr)
+    ctl = Ctl(tmp_path, RINGMASTER_NATS=urls)
 
     try:
         nodes = tmp_path / "nodes"
@@ -106,37 +78,17 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
             )
         deadline = time.monotonic() + 90
         while True:
-            done = subprocess.run(
-                [sys.executable, "-m", "coordinator.ctl.main", "status", "--json"],
-                capture_output=True,
-                text=True,
-                env=env,
-                check=False,
-            )
+            done = ctl.run("status", "--json")
             if done.returncode == 0:
                 ready = [n for n in json.loads(done.stdout)["nodes"] if n["state"] == "ready"]
                 if len(ready) == 2:
                     break
             assert time.monotonic() < deadline, "nodes never became ready"
             time.sleep(0.5)
-        job = ctl(
-            "start",
-            str(ROOT / "examples" / "tiny.toml"),
-            "--set",
-            "train.steps=120",
-            "--set",
-            f"checkpoint.dir={tmp_path / 'ckpt'}",
-        ).strip()
-        deadline = time.monotonic() + 120
-        while status(job)["step"] < 20:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        job = ctl.start("tiny.toml", "train.steps=120", f"checkpoint.dir={tmp_path / 'ckpt'}")
+        ctl.wait(job, lambda s: s["step"] >= 20, timeout=120)
         servers[0].kill()
-        deadline = time.monotonic() + 240
-        while (final := status(job))["state"] != "completed":
-            assert final["state"] not in ("failed", "stopped"), final
-            assert time.monotonic() < deadline, final
-            time.sleep(0.5)
+        final = ctl.wait(job, lambda s: s["state"] == "completed", timeout=240)
         assert final["step"] == 120 and final["restarts"] == 0
     finally:
         for proc in procs:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.systemd_notify import notify, service, watchdog_interval
+from ringmaster.systemd_notify import notify, service, watchdog_interval
 
 REPO = Path(__file__).resolve().parents[2]
 UNITS = sorted((REPO / "systemd").glob("*.service"))
