@@ -86,7 +86,9 @@ class PreemptionSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
     azure_url: str = "http://169.254.169.254"
     redetect_s: Positive = 300.0  # off any cloud, how often detection is tried again
     gcp_deadline_s: Positive = 30.0
-    sigterm_notice: bool = True  # a SIGTERM to the agent announces the node going away
+    # Whether a SIGTERM to the agent announces the node going away: only while the host
+    # is shutting down (default), always, or never.
+    sigterm_notice: Literal["shutdown", "always", "never"] = "shutdown"
     sigterm_deadline_s: Positive = 30.0
 
 

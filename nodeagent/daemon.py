@@ -21,6 +21,7 @@ from nodeagent.config import AgentConfig, detect_addr
 from nodeagent.outbox import Outbox
 from nodeagent.registry import Registered, build, clock_of
 from nodeagent.sampling import Health, close_all, pause, run_once_async, summarize
+from nodeagent.shutdown import host_shutting_down
 from nodeagent.supervisor import Supervisor
 from proto import subjects
 from proto.codec import decode_event, encode
@@ -68,7 +69,10 @@ class Agent:
         """SIGTERM: the host is shutting the agent down (a spot reclaim's shutdown, a
         drain); announce the node going away before stopping, when so configured."""
         pre = self.config.preemption
-        if pre.sigterm_notice:
+        announce = pre.sigterm_notice == "always" or (
+            pre.sigterm_notice == "shutdown" and host_shutting_down()
+        )
+        if announce:
             deadline = utcnow() + timedelta(seconds=pre.sigterm_deadline_s)
             self._publish(
                 SpotNotice(

@@ -25,7 +25,7 @@ def settings(node: SimulatedNode) -> dict[str, Any]:
     gpu |= {"expect_nvlink": "all"}
     if node.gpus is not None and node.gpus.library is not None:
         gpu["nvml_library"] = str(node.gpus.library)
-    preemption: dict[str, Any] = {"provider": "none", "sigterm_notice": False}
+    preemption: dict[str, Any] = {"provider": "none", "sigterm_notice": "never"}
     if node.metadata is not None:
         preemption |= {"provider": "aws", "aws_url": node.metadata.url, "interval_s": 1.0}
     return {

@@ -92,7 +92,12 @@ def settings(root: Path, gpus: GpuNode, metadata: MetadataServer) -> dict[str, A
             "hold_s": 0.6,
             "step_command": ["true"],
         },
-        "preemption": {"provider": "aws", "aws_url": metadata.url, "interval_s": 0.2},
+        "preemption": {
+            "provider": "aws",
+            "aws_url": metadata.url,
+            "interval_s": 0.2,
+            "sigterm_notice": "always",
+        },
         "preflight": {
             "interval_s": 0.5,
             "data_dir": str(root),

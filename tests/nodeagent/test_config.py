@@ -61,6 +61,6 @@ def test_the_simulators_agent_toml_loads(tmp_path: Path) -> None:
     assert config.gpu.interval_s == 0.25 and config.gpu.expect_nvlink == "all"
     assert config.gpu.nvml_library is None, "no GPUs on this node"
     assert config.clock.step_command == ["rm", "-f", str(node.skew_file)]
-    assert (config.preemption.provider, config.preemption.sigterm_notice) == ("none", False)
+    assert (config.preemption.provider, config.preemption.sigterm_notice) == ("none", "never")
     with pytest.raises(TypeError):
         agent_config.to_toml({"x": {"nested": {"deeper": 1}}})
