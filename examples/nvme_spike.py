@@ -119,16 +119,13 @@ def main() -> int:
         failures = check(final, kinds)
         spike = next(e for e in history if e["kind"] == "nvme.latency_spike")
         pause = next(e for e in history if e["kind"] == "job.paused")
-        print(
-            json.dumps(
-                {
-                    "start_to_first_step_s": round(final["first_step_at"] - submitted, 3),
-                    "inject_to_spike_event_s": round(stamp(spike) - injected, 3),
-                    "inject_to_paused_s": round(stamp(pause) - injected, 3),
-                    "spike_event_to_paused_s": round(stamp(pause) - stamp(spike), 3),
-                }
-            )
-        )
+        timings = {
+            "start_to_first_step_s": round(final["first_step_at"] - submitted, 3),
+            "inject_to_spike_event_s": round(stamp(spike) - injected, 3),
+            "inject_to_paused_s": round(stamp(pause) - injected, 3),
+            "spike_event_to_paused_s": round(stamp(pause) - stamp(spike), 3),
+        }
+        say(f"timings {json.dumps(timings)}")
     finally:
         if not args.keep:
             say("bringing the cluster down")

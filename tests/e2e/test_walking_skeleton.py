@@ -28,7 +28,7 @@ def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "==> all checks passed" in done.stdout
     figures = json.loads(
-        next(line for line in done.stdout.splitlines() if line.startswith('{"start_to'))
+        next(line for line in done.stdout.splitlines() if line.startswith("==> timings "))[12:]
     )
     assert 0 < figures["spike_event_to_paused_s"] < figures["inject_to_paused_s"]
     assert not list(home.glob("pids/*.pid")), "down must remove every PID file"
