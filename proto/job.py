@@ -42,6 +42,8 @@ class TrainSection(Config):
     model: str = "tiny"
     steps: Positive = 200
     precision: Literal["fp8", "bf16", "fp32"] = "fp8"
+    # float8 scaling (precision = "fp8" only): one scale per tensor, or one per row.
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     micro_batch_size: Positive = 4
     seq_len: Positive = 128
     data: str = "synthetic"

@@ -116,7 +116,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
     checkpointer: Checkpointer | None = None
     try:
         torch.manual_seed(train.seed)  # identical initial weights on every rank
-        model = apply_precision(GPT(cfg), train.precision, device)
+        model = apply_precision(GPT(cfg), train.precision, device, train.fp8_recipe)
         params = count_params(model)  # before ZeRO-3 partitions the parameters away
         engine = _engine(launch, model, device)
         log(
@@ -125,6 +125,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             engine=engine.name,
             params=params,
             precision=train.precision,
+            fp8_recipe=train.fp8_recipe,
             float8_linears=count_float8_linears(model),
             world=launch.world_size,
             threads=torch.get_num_threads(),

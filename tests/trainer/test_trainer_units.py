@@ -54,19 +54,49 @@ def test_model_is_causal() -> None:
     assert not torch.equal(a[:, 10:], b[:, 10:])
 
 
-def test_fp8_converts_block_linears_only_and_forward_differs_slightly() -> None:
+def _float8_fqns(model: torch.nn.Module) -> set[str]:
+    from torchao.float8.float8_linear import Float8Linear
+
+    return {name for name, m in model.named_modules() if isinstance(m, Float8Linear)}
+
+
+def test_fp8_recipes_convert_block_linears_only_and_forward_differs_slightly() -> None:
+    from torchao.float8.config import ScalingGranularity
+
     torch.manual_seed(0)
     fp32 = GPT(get_preset("tiny"))
-    fp8 = apply_precision(copy.deepcopy(fp32), "fp8", torch.device("cpu"))
-    # 4 linears per block (qkv, attn proj, mlp fc, mlp proj), 2 blocks; not the LM head
-    assert count_float8_linears(fp8) == 8
-    assert type(fp8.head) is torch.nn.Linear
-    assert count_float8_linears(fp32) == 0
     tokens = torch.randint(0, 256, (2, 64))
     with torch.no_grad():
-        ref, out = fp32(tokens), fp8(tokens)
-    rel = ((out - ref).abs().max() / ref.abs().max()).item()
-    assert 0 < rel < 0.2, rel
+        ref = fp32(tokens)
+    outs, converted = {}, {}
+    for recipe, granularity in (
+        ("tensorwise", ScalingGranularity.TENSORWISE),
+        ("rowwise", ScalingGranularity.AXISWISE),
+    ):
+        fp8 = apply_precision(copy.deepcopy(fp32), "fp8", torch.device("cpu"), recipe)
+        # 4 linears per block (qkv, attn proj, mlp fc, mlp proj), 2 blocks; not the LM head
+        assert count_float8_linears(fp8) == 8
+        assert type(fp8.head) is torch.nn.Linear
+        converted[recipe] = _float8_fqns(fp8)
+        configs = [m.config for m in fp8.modules() if hasattr(m, "config")]
+        assert configs and all(c.emulate for c in configs)  # no float8 matmul on CPU
+        assert {c.cast_config_weight.scaling_granularity for c in configs} == {granularity}
+        with torch.no_grad():
+            outs[recipe] = fp8(tokens)
+        rel = ((outs[recipe] - ref).abs().max() / ref.abs().max()).item()
+        assert 0 < rel < 0.2, (recipe, rel)
+    assert count_float8_linears(fp32) == 0
+    assert converted["tensorwise"] == converted["rowwise"]
+    assert not torch.equal(outs["tensorwise"], outs["rowwise"])  # the recipe took effect
+
+
+def test_fp8_recipe_is_an_optional_checked_key() -> None:
+    base = {"job": {"name": "x"}}
+    assert msgspec.convert(base, JobSpec).train.fp8_recipe == "tensorwise"
+    spec = msgspec.convert({**base, "train": {"fp8_recipe": "rowwise"}}, JobSpec)
+    assert spec.train.fp8_recipe == "rowwise"
+    with pytest.raises(msgspec.ValidationError, match="fp8_recipe"):
+        msgspec.convert({**base, "train": {"fp8_recipe": "blockwise"}}, JobSpec)
 
 
 def test_sample_ids_are_disjoint_and_a_pure_function_of_step_and_rank() -> None:
