@@ -45,6 +45,8 @@ class TrainSection(Config):
     # float8 scaling (precision = "fp8" only): one scale per tensor, or one per row.
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     micro_batch_size: Positive = 4
+    # On CUDA: start at micro_batch_size and halve until a step fits in free GPU memory.
+    auto_micro_batch: bool = False
     seq_len: Positive = 128
     data: str = "synthetic"
     lr: PositiveFloat = 3e-4

@@ -16,18 +16,21 @@ persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_P
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 
 from proto.progress import Finished
 from trainer import termination
 from trainer.agent_link import AgentLink
+from trainer.batch_size import choose_micro_batch, forward_backward
 from trainer.checkpoint import Checkpointer, Coordination, default_staging_dir
 from trainer.control import StepControl
 from trainer.data import SYNTHETIC, Batches, Layout
@@ -106,6 +109,14 @@ def _engine(launch: Launch, model: torch.nn.Module, device: torch.device) -> Eng
     return DDPEngine(*args)
 
 
+def _with_micro_batch(launch: Launch, size: int) -> Launch:
+    """``launch`` with ``train.micro_batch_size`` replaced (engines, data and the loop all
+    read the size from the spec)."""
+    train = msgspec.structs.replace(launch.spec.train, micro_batch_size=size)
+    spec = msgspec.structs.replace(launch.spec, train=train)
+    return dataclasses.replace(launch, spec=spec)
+
+
 def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: Log) -> Outcome:
     train = launch.spec.train
     device = torch.device(f"cuda:{launch.local_rank}" if torch.cuda.is_available() else "cpu")
@@ -118,6 +129,15 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
         torch.manual_seed(train.seed)  # identical initial weights on every rank
         model = apply_precision(GPT(cfg), train.precision, device, train.fp8_recipe)
         params = count_params(model)  # before ZeRO-3 partitions the parameters away
+        if train.auto_micro_batch:  # before the engine: ZeRO-3 cannot run the bare model
+            attempt = forward_backward(
+                model.to(device), train.seq_len, cfg.vocab_size, train.precision, device
+            )
+            size = choose_micro_batch(train.micro_batch_size, device, attempt, log)
+            if size != train.micro_batch_size:
+                launch = _with_micro_batch(launch, size)
+                train = launch.spec.train
+                batches = _batches(launch, cfg)
         engine = _engine(launch, model, device)
         log(
             "model",
