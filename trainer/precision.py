@@ -66,7 +66,10 @@ def count_float8_linears(model: nn.Module) -> int:
 def autocast_context(
     precision: Precision, device: torch.device
 ) -> Callable[[], contextlib.AbstractContextManager[object]]:
-    """A factory of the context each forward runs under (bf16 autocast, or nothing)."""
-    if precision == "bf16":
+    """A factory of the context each forward runs under. bf16 autocasts everything; fp8
+    autocasts to bf16 on CUDA too, so the embeddings, norms, attention and LM head run in
+    BF16 around the float8 block linears. On CPU fp8 stays fp32 outside the linears (CPU
+    bf16 is slow and the emulated float8 matmuls run in high precision anyway)."""
+    if precision == "bf16" or (precision == "fp8" and device.type == "cuda"):
         return lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext

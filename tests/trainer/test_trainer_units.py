@@ -209,3 +209,13 @@ def test_tokenize_writes_byte_tokens_the_data_reader_reads(tmp_path: Path) -> No
     inputs, _ = batches.batch(0)
     assert inputs.shape == (2, 15) and int(inputs.max()) < 256
     assert tokenize_main([str(tmp_path / "missing.txt"), "-o", str(out)]) == 2
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_fp8_runs_bf16_around_the_float8_linears_on_cuda_only() -> None:
+    from trainer.precision import autocast_context
+
+    on_gpu = autocast_context("fp8", torch.device("cuda"))()
+    assert isinstance(on_gpu, torch.autocast) and on_gpu.fast_dtype == torch.bfloat16
+    assert not isinstance(autocast_context("fp8", torch.device("cpu"))(), torch.autocast)
+    assert autocast_context("bf16", torch.device("cpu"))().fast_dtype == torch.bfloat16  # type: ignore[attr-defined]
