@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from proto.job import JobSpec
 from trainer import durable
@@ -22,10 +23,37 @@ def losses(workdir: Path, rank: int) -> list[float]:
     return [json.loads(line)["loss"] for line in lines]
 
 
-def test_zero3_fp8_resume_matches_uninterrupted_run(
-    tmp_path: Path, launch: Any, make_spec: MakeSpec
+def tensors(obj: Any, at: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor inside a loaded checkpoint object, by its path of keys and indices."""
+    if isinstance(obj, torch.Tensor):
+        return {at: obj}
+    items: Any = ()
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, list | tuple):
+        items = enumerate(obj)
+    found: dict[str, torch.Tensor] = {}
+    for key, value in items:
+        found.update(tensors(value, f"{at}/{key}"))
+    return found
+
+
+def checkpoint_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a DeepSpeed step dir: parameters, fp32 master copies, Adam moments."""
+    found: dict[str, torch.Tensor] = {}
+    for path in sorted((step_dir / "ds").glob("*.pt")):
+        found.update(tensors(torch.load(path, map_location="cpu", weights_only=False), path.name))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("stage", "precision"),
+    [(1, "fp32"), (2, "bf16"), (3, "fp8")],  # each stage once; precisions spread over them
+)
+def test_zero_resume_in_a_fresh_process_matches_uninterrupted_run(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec, stage: int, precision: str
 ) -> None:
-    ds = {"engine": "deepspeed", "zero_stage": 3, "precision": "fp8"}
+    ds = {"engine": "deepspeed", "zero_stage": stage, "precision": precision}
     interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
     interrupted.mkdir()
     straight.mkdir()
@@ -36,11 +64,18 @@ def test_zero3_fp8_resume_matches_uninterrupted_run(
     assert ranks.events(1, "resumed_from")[0]["step"] == "3"
     spec = make_spec(train={**ds, "steps": 5}, checkpoint={"dir": "b"})
     assert launch(spec, env={"RINGMASTER_TEST_TRACE": str(straight)}).wait() == [0, 0]
-    for rank in (0, 1):
+    for rank in (0, 1):  # the same next-step losses, to the bit
         assert losses(interrupted, rank) == losses(straight, rank)
     manifest = durable.read_manifest(tmp_path / "a" / "step-5")
-    assert manifest is not None and manifest.engine == "deepspeed-zero3"
-    assert "ds/zero_pp_rank_1_mp_rank_00_optim_states.pt" in manifest.ranks["1"]
+    assert manifest is not None and manifest.engine == f"deepspeed-zero{stage}"
+    # rank 1 persisted its own optimizer partition (``bf16_``-prefixed under bf16)
+    assert any(n.endswith("zero_pp_rank_1_mp_rank_00_optim_states.pt") for n in manifest.ranks["1"])
+    # the resumed run ends with bit-identical parameters and optimizer state
+    resumed, uninterrupted = (checkpoint_tensors(tmp_path / d / "step-5") for d in "ab")
+    assert resumed.keys() == uninterrupted.keys() and len(resumed) > 10
+    for key, value in resumed.items():
+        assert value.dtype == uninterrupted[key].dtype, key
+        assert torch.equal(value, uninterrupted[key]), key
 
 
 def test_zero1_bf16_trains_and_leaves_no_shared_memory(
