@@ -156,7 +156,7 @@ def main() -> None:
     print(f"start → first step, torchrun:   median {tr_med:.2f} s  (trials {tr})")
     print(f"ratio ringmaster / torchrun:     {rm_med / tr_med:.2f}")
     print(
-        f"inject → job paused (all ranks): median {statistics.median(inject) * 1000:.0f} ms, "
+        f"fault applied → job paused:      median {statistics.median(inject) * 1000:.0f} ms, "
         f"max {max(inject) * 1000:.0f} ms over {len(inject)}"
     )
     print(

@@ -82,6 +82,10 @@ def decide(job: JobRecord, event: EventBase) -> list[Action]:
             return [ResumeJob(f"nvme:{node}:{dev}", f"NVMe {dev} on {node} back to {lat:.0f} µs")]
         case WorkerExited(attempt=attempt) if attempt != job.attempt or job.stopping:
             return all_exited(job) if job.stopping and attempt == job.attempt else []
+        case WorkerExited() if job.finished:
+            # Rank 0 already reported the end (its final checkpoint is durable): a rank
+            # dying during teardown loses nothing, so it is no reason to restart.
+            return all_exited(job)
         case WorkerExited(node=node, rank=rank, exit_code=code) if code != 0:
             return _restart_or_fail(job, f"rank {rank} on {node} failed ({event.message})", ())
         case WorkerExited():

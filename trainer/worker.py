@@ -196,4 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything that matters is done: the final checkpoint is durable, the agent link has
+    # flushed and the process group is gone. Skip interpreter teardown, where leftover
+    # gloo and torch threads were seen to abort a rank that had finished cleanly
+    # ("terminate called without an active exception"), turning success into a crash.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -163,3 +163,11 @@ def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
     actions = policy.decide(job(), failed)
     assert [type(a) for a in actions] == [policy.DrainNode, policy.RestartJob]
     assert policy.decide(job(), ClockResynced(node="node-1", ok=True)) == []
+
+
+def test_a_crash_during_teardown_after_the_end_is_not_a_restart() -> None:
+    finished = job(step=100, finished="completed", exited_ranks={"0": 0, "1": -6})
+    crash = WorkerExited(node="node-1", job="t-1", rank=1, exit_code=None, signal=6, attempt=1)
+    assert policy.decide(finished, crash) == [
+        policy.FinishJob(JobState.COMPLETED, "reached step 100")
+    ]
