@@ -23,12 +23,14 @@ from proto.events import CommandRefused
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
 
-def start_agent(url: str, run_dir: Path, sysfs: Path) -> subprocess.Popen[bytes]:
+def start_agent(url: str, run_dir: Path, sysfs: Path, config: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "nodeagent.cli",
+            "--config",
+            str(config),
             "--node",
             "n1",
             "--cluster",
@@ -48,11 +50,13 @@ def start_agent(url: str, run_dir: Path, sysfs: Path) -> subprocess.Popen[bytes]
 
 
 @pytest.fixture
-def agent(nats_server: NatsServer, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def agent(
+    nats_server: NatsServer, tmp_path: Path, host_agent_config: Path
+) -> Iterator[tuple[str, Path]]:
     run_dir = tmp_path / "agent"
     run_dir.mkdir()
     (tmp_path / "sys" / "block").mkdir(parents=True)
-    proc = start_agent(nats_server.url, run_dir, tmp_path / "sys")
+    proc = start_agent(nats_server.url, run_dir, tmp_path / "sys", host_agent_config)
     yield nats_server.url, run_dir
     proc.terminate()
     proc.wait(10)

@@ -31,8 +31,14 @@ def once(*args: str) -> dict[str, Any]:
 
 
 def test_this_machine(tmp_path: Path) -> None:
-    """No GPU, no NVMe, no cloud here: each says so cleanly; the rest are read."""
-    got = once("--run-dir", str(tmp_path))
+    """No GPU, no NVMe, no cloud here: each says so cleanly; the rest are read. The cloud
+    probes go to a closed loopback port: tests send traffic to this machine only."""
+    config = tmp_path / "agent.toml"
+    closed = "http://127.0.0.1:9"
+    config.write_text(
+        f'[preemption]\naws_url = "{closed}"\ngcp_url = "{closed}"\nazure_url = "{closed}"\n'
+    )
+    got = once("--config", str(config), "--run-dir", str(tmp_path))
     assert sorted(got) == sorted([*EVERY, "preflight"])
     assert got["gpu"] == {
         "ok": False,
