@@ -206,22 +206,26 @@ class Leadership:
         await asyncio.gather(*(write(node, key) for node, key in due))
 
     async def _on_submit(self, msg: Msg) -> None:
-        try:
-            reply = await self.jobs.submit(submit_decoder.decode(msg.data))
-        except msgspec.DecodeError as exc:
-            reply = ApiReply(ok=False, error=f"invalid job: {exc}")
-        except Exception as exc:
-            reply = ApiReply(ok=False, error=f"submit failed: {exc}")
-        reply.coordinator = self.me
-        await msg.respond(encode(reply))
+        await self._answer(
+            msg, "submit", lambda data: self.jobs.submit(submit_decoder.decode(data))
+        )
 
     async def _on_control(self, msg: Msg) -> None:
+        await self._answer(
+            msg, "control", lambda data: self.jobs.control(control_decoder.decode(data))
+        )
+
+    async def _answer(
+        self, msg: Msg, verb: str, handle: Callable[[bytes], Awaitable[ApiReply]]
+    ) -> None:
+        """Every API request gets a reply: a malformed request or a failure is an error
+        reply the CLI prints as one line, never a timeout."""
         try:
-            reply = await self.jobs.control(control_decoder.decode(msg.data))
+            reply = await handle(msg.data)
         except msgspec.DecodeError as exc:
-            reply = ApiReply(ok=False, error=f"invalid request: {exc}")
+            reply = ApiReply(ok=False, error=f"invalid {verb} request: {exc}")
         except Exception as exc:
-            reply = ApiReply(ok=False, error=f"control failed: {exc}")
+            reply = ApiReply(ok=False, error=f"{verb} failed: {exc}")
         reply.coordinator = self.me
         await msg.respond(encode(reply))
 

@@ -134,3 +134,20 @@ def test_unreachable_nats_is_one_line_exit_1(tmp_path: Path) -> None:
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach NATS" in lines[0], done.stderr
+
+
+@pytest.mark.anyio
+async def test_malformed_api_requests_get_an_error_reply(coordinator: str) -> None:
+    import nats
+
+    from proto import subjects
+    from proto.codec import api_reply_decoder
+
+    nc = await nats.connect(coordinator)
+    try:
+        for verb, payload in (("submit", b"\xff garbage"), ("control", b'{"job": 5}')):
+            msg = await nc.request(subjects.api("local", verb), payload, timeout=10)
+            reply = api_reply_decoder.decode(msg.data)
+            assert not reply.ok and reply.error.startswith(f"invalid {verb} request")
+    finally:
+        await nc.close()
