@@ -1,4 +1,4 @@
-"""The one error type commands raise: a one-line message and the exit code (DESIGN §3:
+"""The one error type commands raise: a one-line message and the exit code (the operator contract:
 1 the operation or job failed, 2 bad usage or bad input)."""
 
 

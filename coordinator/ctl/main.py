@@ -1,4 +1,4 @@
-"""``coordinatorctl``: the operator's command line (DESIGN §3).
+"""``coordinatorctl``: the operator's command line (its contract is in README.md).
 
 Exit codes: 0 success, 1 the operation or job failed, 2 bad usage or bad input. Data goes
 to stdout (``start`` prints the job id alone); progress and errors go to stderr.

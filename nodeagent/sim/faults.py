@@ -1,4 +1,4 @@
-"""The fault language of ``coordinatorctl inject`` (DESIGN §3), parsed into typed structs.
+"""The fault language of ``coordinatorctl inject`` (docs/signals.md), parsed into typed structs.
 
 Parsing is pure and covers every fault form, even those the simulator cannot act on yet, so
 that a typo is refused with a clear message and the same structs serve each simulated

@@ -1,4 +1,4 @@
-"""Every fault class of DESIGN §3 injected on a simulated node, read by the real agent:
+"""Every `coordinatorctl inject` fault on a simulated node, read by the real agent:
 each produces its event once, and its recovery event once (a spot notice has none: the
 machine is going away). The clock is recovered with the agent's resync_clock command."""
 

@@ -1,4 +1,4 @@
-"""The inject fault language of DESIGN §3: every form parses to its struct; bad ones are
+"""The `coordinatorctl inject` fault language: every form parses to its struct; bad ones are
 refused with one line naming the fault and the expected form."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DCP ``async_save`` of FSDP2-sharded float8 weights (the trap in DESIGN §8) on two real
+"""DCP ``async_save`` of FSDP2-sharded float8 weights (a known DCP trap) on two real
 gloo ranks: unwrapped first, the saved weights are exactly the ones at save time, even
 though training changes them before the save completes."""
 
