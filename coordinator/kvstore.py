@@ -101,3 +101,17 @@ async def ensure_layout(js: JetStreamContext, cluster: str, replicas: int = 1) -
         leader=await bucket("leader", 1),
         members=await bucket("coordinators", 1, ttl=30),
     )
+
+
+async def bind(js: JetStreamContext, cluster: str) -> Buckets:
+    """The buckets :func:`ensure_layout` made, opened on another connection (no set-up)."""
+
+    async def kv(what: str) -> KeyValue:
+        return await js.key_value(subjects.bucket(cluster, what))
+
+    return Buckets(
+        jobs=await kv("jobs"),
+        nodes=await kv("nodes"),
+        leader=await kv("leader"),
+        members=await kv("coordinators"),
+    )

@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from coordinator.commander import Commander
 from coordinator.election import Election, Role
 from coordinator.jobs import JobManager
-from coordinator.kvstore import Buckets, KvCasStore, ensure_layout
+from coordinator.kvstore import Buckets, KvCasStore, bind, ensure_layout
 from coordinator.leader import Leadership
 from coordinator.registry import Registry
 from nodeagent.collectors import clock_peer
@@ -52,7 +52,7 @@ class Coordinator:
         connections = (nc, lease_nc, beats_nc)
         js = nc.jetstream()
         buckets = await self._layout(js, stop)
-        lease_buckets = await self._layout(lease_nc.jetstream(), stop)
+        lease_buckets = await bind(lease_nc.jetstream(), self.cluster)
         self.js = js
         election = Election(KvCasStore(lease_buckets.leader), self.me, self.ttl)
         self.election = election

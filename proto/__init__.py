@@ -5,4 +5,3 @@ lets our other packages check that they imported ours (``ringmaster.guard``).
 """
 
 RINGMASTER_PROTO = True
-WIRE_VERSION = 1

@@ -32,7 +32,3 @@ def encode(obj: object) -> bytes:
 def decode_event(data: bytes) -> EventBase:
     event: EventBase = event_decoder.decode(data)
     return event
-
-
-def to_builtins(obj: object) -> Any:
-    return msgspec.to_builtins(obj)

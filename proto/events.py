@@ -8,7 +8,6 @@ fields are ignored on decode (wire structs tolerate additions).
 from __future__ import annotations
 
 import enum
-import typing
 from datetime import UTC, datetime
 
 import msgspec
@@ -259,9 +258,6 @@ Event = (
     | CoordinatorLeader
     | CommandRefused
 )
-
-EVENT_TYPES: tuple[type[EventBase], ...] = typing.get_args(Event)
-EVENT_KINDS: frozenset[str] = frozenset(str(t.__struct_config__.tag) for t in EVENT_TYPES)
 
 
 def kind_of(event: EventBase) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import nats
@@ -44,7 +43,3 @@ async def publish_event(js: JetStreamContext, cluster: str, event: EventBase) ->
     """Publish into the event stream and wait for the ack: the on-call engineer's history
     must not silently lose events."""
     await js.publish(event_subject(cluster, event), encode(event), timeout=5)
-
-
-def env_url(explicit: str | None) -> str | None:
-    return explicit or os.environ.get("RINGMASTER_NATS")

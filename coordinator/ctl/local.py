@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -116,8 +117,7 @@ def _spawn(name: str, argv: list[str], directory: Path) -> None:
     (directory / "pids" / f"{name}.pid").write_text(str(proc.pid))
 
 
-def _wait(ready: object, timeout: float, what: str) -> None:
-    assert callable(ready)
+def _wait(ready: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
