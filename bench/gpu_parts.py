@@ -290,7 +290,7 @@ def checkpoint_stall(run: Run, root: Path, repeats: int, deadline: float) -> dic
     buffers = HostBuffers()
     shard, trainer_file = durable.shard_name(0), durable.trainer_file(0)
 
-    def stage(directory: Path) -> dict[str, Any]:  # DDPEngine.snapshot + Trainer._snapshot
+    def stage(directory: Path, target: Path) -> dict[str, Any]:  # Trainer._snapshot
         state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():

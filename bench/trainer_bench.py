@@ -1,14 +1,11 @@
-"""Trainer benchmarks on this machine's CPU (not a test): throughput, the cost of the
-step-boundary control broadcast, and how long a checkpoint blocks the training loop.
+"""Trainer benchmarks on this machine's CPU (not a test): throughput and the cost of the
+step-boundary control broadcast (checkpoint stalls: ``bench/checkpoint_bench.py``).
 
-    .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400] [--sizes-mb 200 600]
-        [--repeats 3] [--only-checkpoint]
+    .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400]
 
 Throughput and control cost run the real worker as 2 gloo ranks (one thread each) and
 read its progress through a fake agent; the isolated exchange timing calls the real
-:class:`trainer.control.StepControl` on 2 spawned ranks; the checkpoint figures run in
-this process with the real :class:`trainer.checkpoint.Checkpointer` (world size 1),
-comparing the in-memory snapshot the loop now blocks for with the old stage-to-files.
+:class:`trainer.control.StepControl` on 2 spawned ranks.
 """
 
 from __future__ import annotations
@@ -31,8 +28,6 @@ import torch
 
 from proto.job import JobSpec
 from proto.progress import Finished, StepDone
-from trainer import durable
-from trainer.checkpoint import Checkpointer, Coordination, HostBuffers, default_staging_dir
 from trainer.control import StepControl
 from trainer.fake_agent import FakeAgent
 
@@ -161,98 +156,17 @@ def exchange_cost(calls: int = 5000) -> None:
     print(f"one control exchange (3-int64 gloo broadcast), isolated: {1e6 * out.get():.0f} µs")
 
 
-def fake_state(megabytes: int) -> dict[str, object]:
-    """Model + AdamW-shaped state (params, exp_avg, exp_avg_sq) of about ``megabytes``."""
-    n = megabytes * (1 << 20) // 4 // 3 // 8
-    params = {f"layer{i}.weight": torch.randn(n) for i in range(8)}
-    moments = {k: {"exp_avg": torch.randn(n), "exp_avg_sq": torch.rand(n)} for k in params}
-    return {"engine": {"model": params, "optimizer": {"state": moments}}, "step": 1}
-
-
-def checkpoint_cost(root: Path, sizes_mb: list[int], repeats: int = 3) -> None:
-    """Per state size, alternating in one run: the snapshot the loop now blocks for (host
-    buffers reused across checkpoints; the first one, which allocates them, shown apart),
-    the whole save done synchronously (snapshot + serialise + sha256 + fsync + manifest),
-    the old blocking stage (torch.save into the RAM staging dir) and a plain torch.save."""
-    print(f"## checkpoint, 1 rank: staging {default_staging_dir('bench', root)}, durable {root}")
-    for megabytes in sizes_mb:
-        state = fake_state(megabytes)
-        buffers = HostBuffers()
-
-        def snapshot(
-            directory: Path, state: dict[str, object] = state, buffers: HostBuffers = buffers
-        ) -> dict[str, Any]:
-            return {"rank-0.pt": buffers.copy(state, "rank-0.pt")}
-
-        def to_files(directory: Path, state: dict[str, object] = state) -> dict[str, Any]:
-            torch.save(state, directory / "rank-0.pt")  # the old stage: serialise, loop waits
-            return {}
-
-        new = Checkpointer(
-            root / f"ckpt-{megabytes}",
-            default_staging_dir("bench", root),
-            Coordination(),
-            keep=1,
-            engine="ddp",
-        )
-        old = Checkpointer(
-            root / f"old-{megabytes}",
-            default_staging_dir("bench-old", root),
-            Coordination(),
-            keep=1,
-            engine="ddp",
-        )
-        first = new.save(1, snapshot)
-        new.wait()
-        blocked, full, old_blocked, old_full, plain = [], [], [], [], []
-        for i in range(2, repeats + 2):
-            start = time.monotonic()
-            blocked.append(new.save(i, snapshot))
-            new.wait()
-            full.append(time.monotonic() - start)
-            start = time.monotonic()
-            old_blocked.append(old.save(i, to_files))
-            old.wait()
-            old_full.append(time.monotonic() - start)
-            path = root / f"plain-{megabytes}.pt"
-            start = time.monotonic()
-            torch.save(state, path)
-            with path.open("rb+") as saved:
-                os.fsync(saved.fileno())
-            plain.append(time.monotonic() - start)
-        new.close()
-        old.close()
-        step_dir = root / f"ckpt-{megabytes}" / f"step-{repeats + 1}"
-        size = durable.hash_file(step_dir / "rank-0.pt").size
-        b, f, o, of, p = (
-            statistics.median(x) for x in (blocked, full, old_blocked, old_full, plain)
-        )
-        print(
-            f"{size / 1e6:5.0f} MB: blocked (snapshot) {b:.3f} s [first, allocating: "
-            f"{first:.3f} s]; synchronous save {f:.3f} s (snapshot+serialise+sha256+fsync+"
-            f"manifest) -> ratio {b / f:.3f}; old stage-to-files blocked {o:.3f} s -> ratio "
-            f"{o / f:.3f} (÷ its own synchronous save {of:.3f} s: {o / of:.3f}); "
-            f"plain torch.save+fsync {p:.3f} s; host buffers {buffers.nbytes / 1e6:.0f} MB "
-            f"(median of {repeats})"
-        )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60, help="steps per throughput run")
     parser.add_argument("--control-steps", type=int, default=400)
-    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[200, 600])
-    parser.add_argument("--repeats", type=int, default=3, help="checkpoints per size and path")
-    parser.add_argument("--only-checkpoint", action="store_true", help="skip the other parts")
     args = parser.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
     try:
-        if not args.only_checkpoint:
-            throughput(root, args.steps)
-            control_cost(root, args.control_steps)
-            exchange_cost()
-        checkpoint_cost(root, args.sizes_mb, args.repeats)
+        throughput(root, args.steps)
+        control_cost(root, args.control_steps)
+        exchange_cost()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

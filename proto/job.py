@@ -52,7 +52,9 @@ class TrainSection(Config):
     lr: PositiveFloat = 3e-4
     grad_clip: PositiveFloat = 1.0
     seed: NonNegative = 0
-    engine: Literal["ddp", "deepspeed"] = "ddp"
+    # deepspeed (ZeRO, zero_stage below), fsdp (FSDP2, torch.distributed.checkpoint), or
+    # plain ddp.
+    engine: Literal["deepspeed", "fsdp", "ddp"] = "ddp"
     zero_stage: Annotated[int, msgspec.Meta(ge=0, le=3)] = 1
     log_every: Positive = 1
 

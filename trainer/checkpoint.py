@@ -11,7 +11,8 @@ may also write them into the rank's staging dir (``/dev/shm`` by default) during
 snapshot; nothing else is written there.
 
 Persist, in one background thread per rank: serialise each snapshot object straight into
-``<dir>/step-<N>/`` and copy any staged files there (hashed while writing, fsynced), then
+``<dir>/step-<N>/`` and copy any staged files there (hashed while writing, fsynced), or
+wait for the files an engine writes there itself (:class:`Written`: DCP), then
 gather every rank's file list with sha256 and sizes over a dedicated gloo group; rank 0
 writes the manifest and moves ``latest`` (:func:`trainer.durable.commit`) only if every
 rank succeeded, prunes old checkpoints and reports the checkpoint. A separate process group
@@ -46,9 +47,22 @@ import torch.distributed as dist
 from trainer import durable
 
 OnDurable = Callable[[int, Path, float], None]
-# Takes this rank's snapshot: returns file name (relative to the step dir) -> object to
-# serialise with torch.save in the background; may also write files into the (empty) dir.
-Stage = Callable[[Path], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Written:
+    """Files an engine writes into the durable step dir itself, in the background (DCP's
+    upload thread): the persist thread calls ``wait`` for their names (relative to the step
+    dir), once written and fsynced, then hashes them in place."""
+
+    wait: Callable[[], list[str]]
+
+
+# Takes this rank's snapshot, given the rank's (empty) staging dir and the durable step dir
+# the persist will fill: returns file name (relative to the step dir) -> object to serialise
+# with torch.save in the background, or a :class:`Written` for files the engine writes
+# there itself; may also write files into the staging dir, to be copied.
+Stage = Callable[[Path, Path], dict[str, Any]]
 
 
 def default_staging_dir(job_id: str, workdir: Path) -> Path:
@@ -202,7 +216,7 @@ class Checkpointer:
             return stall
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
-        objects = stage(self.staging)
+        objects = stage(self.staging, self.root / durable.step_dir_name(step))
         stall = time.monotonic() - start
         self.last_step, self.last_stall_s, self.last_in_memory = step, stall, sorted(objects)
         self._thread = threading.Thread(
@@ -236,8 +250,12 @@ class Checkpointer:
                 time.sleep(0.05)
             entries = durable.copy_tree(self.staging, step_dir)
             for name, obj in objects.items():
-                entries[name] = durable.write_and_hash(step_dir / name, _saver(obj))
-            durable.fsync_parents(step_dir, objects)
+                if isinstance(obj, Written):
+                    for written in obj.wait():
+                        entries[written] = durable.hash_file(step_dir / written)
+                else:
+                    entries[name] = durable.write_and_hash(step_dir / name, _saver(obj))
+            durable.fsync_parents(step_dir, entries)
         except Exception as exc:  # any failure must still reach the all_gather below
             print(f"trainer: persist of step {step} failed: {exc!r}", file=sys.stderr, flush=True)
             entries = None

@@ -1,27 +1,48 @@
-"""Asynchronous torch.distributed.checkpoint saves of (FSDP2-)sharded state, made safe for
-torchao float8.
+"""Model and optimizer checkpoints through torch.distributed.checkpoint (DCP) ``async_save``,
+for the DDP and FSDP engines, made safe for torchao float8.
 
-Two things go wrong without this module:
+Stage 1 (the loop waits): ``async_save`` copies the state into host memory through one
+:class:`~torch.distributed.checkpoint.staging.DefaultStager` kept for the whole run, whose
+buffers are allocated on the first checkpoint and reused by every later one (pinned, with
+non-blocking copies, on CUDA). Stage 2 (DCP's upload thread): plan and write
+``step-<N>/dcp/`` straight into the durable dir, fsynced; each rank writes the
+``__<rank>_*.distcp`` files of the tensors DCP assigned it (replicated DDP tensors are
+written once, by one rank), rank 0 the ``.metadata``. The checkpointer's persist thread
+waits for that, hashes the files in place and seals the step as for every engine.
+
+Three things go wrong without this module:
 
 * With FSDP2 ``fully_shard`` and ``Float8LinearConfig(enable_fsdp_float8_all_gather=True)``
   each weight is a DTensor whose local shard is torchao's ``WeightWithDynamicFloat8CastTensor``
   wrapper. ``dcp.save`` writes it correctly, but ``dcp.async_save`` writes garbage (checked
   on CPU/gloo with torch 2.13 + torchao 0.18: the round trip differs). :func:`plain_state`
   swaps each wrapper for the plain tensor it wraps, sharing storage, before saving.
-* ``async_save`` runs its collectives while training takes its own on the job's group; on
-  GPU that group is NCCL, which cannot carry a CPU-side save. The caller passes a separate
-  gloo group (the one :class:`trainer.checkpoint.Coordination` already holds).
+* ``async_save`` runs its collectives in its own thread while training takes its own on the
+  job's group; on GPU that group is NCCL, which cannot carry a CPU-side save. Saves and
+  loads run on the separate gloo group :class:`trainer.checkpoint.Coordination` holds.
+* ``async_save`` without a stager builds a new one, so new host buffers, every time.
 """
 
 from __future__ import annotations
 
 import sys
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+
+from trainer import durable
+from trainer.checkpoint import Written
+
+DCP_DIR = "dcp"  # inside every step dir
+METADATA = ".metadata"  # DCP's index of the checkpoint, written by rank 0
 
 
 def _float8_wrappers() -> tuple[type, ...]:
@@ -71,8 +92,106 @@ def plain_state(state: Any) -> Any:
     return walk(state)
 
 
-def async_save(state: dict[str, Any], path: str, group: dist.ProcessGroup) -> Any:
+def async_save(
+    state: dict[str, Any],
+    path: str | Path,
+    group: dist.ProcessGroup | None,
+    stager: DefaultStager | None = None,
+) -> Future[Any]:
     """Start saving ``state`` to ``path`` with DCP on ``group`` (gloo, not the training
-    group); returns what ``dcp.async_save`` returns (wait with ``.result()``). The state
-    is staged to host memory before this returns, so training may change it afterwards."""
-    return dcp.async_save(plain_state(state), checkpoint_id=path, process_group=group)
+    group); wait with ``.result()``. The state is staged to host memory before this
+    returns, so training may change it afterwards."""
+    future = dcp.async_save(
+        plain_state(state), checkpoint_id=path, process_group=group, async_stager=stager
+    )
+    assert isinstance(future, Future)  # synchronous staging: no separate staging future
+    return future
+
+
+class DcpState:
+    """One rank's model and optimizer, saved and loaded as a DCP checkpoint (any layout:
+    plain replicated tensors under DDP, DTensor shards under FSDP2). DCP reshards on load,
+    so a job resumes with another world size."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        group: dist.ProcessGroup | None,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.group = group
+        self.rank = dist.get_rank(group)
+        cuda = torch.cuda.is_available()
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,  # staged when async_save returns: simple to reason on
+                use_non_blocking_copy=cuda,
+            )
+        )
+
+    def _state(self) -> dict[str, Any]:
+        model, optimizer = get_state_dict(self.module, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def snapshot(self, target: Path) -> dict[str, Any]:
+        """Stage the state and start writing it to ``target/dcp``; the checkpointer hashes
+        this rank's files once they are written."""
+        future = async_save(self._state(), target / DCP_DIR, self.group, self.stager)
+
+        def written() -> list[str]:
+            metadata = future.result()
+            mine = f"__{self.rank}_"
+            names = {
+                info.relative_path
+                for info in metadata.storage_data.values()
+                if info.relative_path.startswith(mine)
+            }
+            if self.rank == 0:
+                names.add(METADATA)
+            return sorted(f"{DCP_DIR}/{name}" for name in names)
+
+        return {DCP_DIR: Written(written)}
+
+    @staticmethod
+    def files_for(manifest: durable.Manifest) -> list[str]:
+        """Every DCP file of the checkpoint: after resharding, a rank may read any of them."""
+        return sorted(name for name in manifest.files if name.startswith(f"{DCP_DIR}/"))
+
+    def load(self, step_dir: Path) -> None:
+        state = self._state()
+        plain = plain_state(state)  # loads in place: same storage as the model's tensors
+        dcp.load(plain, checkpoint_id=step_dir / DCP_DIR, process_group=self.group)
+        set_state_dict(
+            self.module,
+            self.optimizer,
+            model_state_dict=plain["model"],
+            optim_state_dict=plain["optimizer"],
+        )
+
+    def close(self) -> None:
+        self.stager.close()
+
+
+class DcpCheckpoints:
+    """The checkpoint half of an engine whose state DCP saves (DDP, FSDP): the engine sets
+    ``name`` and ``state``."""
+
+    name: str
+    state: DcpState
+
+    def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
+        return self.state.snapshot(target)
+
+    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
+        files = self.state.files_for(manifest)
+        return files if manifest.engine == self.name and files else None
+
+    def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
+        self.state.load(step_dir)
+
+    def close(self) -> None:
+        self.state.close()

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from proto.job import TrainSection
 from trainer import durable
-from trainer.checkpoint import HostBuffers, load_file
+from trainer.dcp_async import DcpCheckpoints, DcpState
 from trainer.model import lm_loss
 from trainer.precision import Precision, autocast_context
 
@@ -31,11 +31,13 @@ class Engine(Protocol):
         """One optimizer step; returns the loss averaged over all ranks."""
         ...
 
-    def snapshot(self, directory: Path) -> dict[str, Any]:
-        """Copy this rank's model and optimizer state for a checkpoint, quickly (the loop
-        waits): file name -> an in-memory copy the next step cannot change, serialised later
-        by the persist thread. An engine that cannot hand over its state that way may write
-        files into ``directory`` (the rank's empty staging dir) instead."""
+    def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
+        """Copy this rank's model and optimizer state for a checkpoint of step dir
+        ``target``, quickly (the loop waits): file name -> an in-memory copy the next step
+        cannot change, serialised later by the persist thread, or a
+        :class:`trainer.checkpoint.Written` for files the engine writes into ``target`` in
+        the background. An engine that cannot hand over its state either way may write
+        files into ``staging`` (the rank's empty staging dir) instead."""
         ...
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
@@ -47,12 +49,16 @@ class Engine(Protocol):
         """Restore the state :meth:`snapshot` captured, from a verified checkpoint."""
         ...
 
+    def close(self) -> None:
+        """Release what checkpoints hold (host buffers), after the last one is durable."""
+        ...
 
-class DDPEngine:
-    """DistributedDataParallel + AdamW, gradients clipped by global norm.
 
-    Parameters and optimizer state are replicated, so each rank's ``rank-<r>.pt`` is a full
-    copy: a job resumed with a different world size loads rank 0's.
+class DDPEngine(DcpCheckpoints):
+    """DistributedDataParallel + AdamW, gradients clipped by global norm; checkpoints
+    through DCP ``async_save`` (:class:`trainer.dcp_async.DcpState`). Parameters and
+    optimizer state are replicated: DCP writes each tensor once, spread over the ranks, and
+    a job resumed with another world size loads the same state.
     """
 
     name = "ddp"
@@ -65,6 +71,7 @@ class DDPEngine:
         device: torch.device,
         rank: int,
         world_size: int,
+        checkpoint_group: dist.ProcessGroup | None = None,
     ) -> None:
         self.module = module.to(device)
         self.rank = rank
@@ -76,7 +83,7 @@ class DDPEngine:
         )
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=train.lr)
         self.autocast = autocast_context(precision, device)
-        self.buffers = HostBuffers()
+        self.state = DcpState(self.module, self.optimizer, checkpoint_group)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
         self.optimizer.zero_grad(set_to_none=True)
@@ -89,21 +96,3 @@ class DDPEngine:
         mean = loss.detach().clone()
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         return mean.item() / self.world_size
-
-    def snapshot(self, directory: Path) -> dict[str, Any]:
-        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-        name = durable.shard_name(self.rank)
-        return {name: self.buffers.copy(state, name)}
-
-    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
-        if manifest.engine != self.name:
-            return None
-        rank = self.rank if manifest.world_size == self.world_size else 0
-        return [durable.shard_name(rank)]
-
-    def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
-        files = self.files_for(manifest)
-        assert files is not None
-        state = load_file(step_dir / files[0])
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])

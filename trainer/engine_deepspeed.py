@@ -104,15 +104,15 @@ class DeepSpeedEngine:
         dist.all_reduce(mean, op=dist.ReduceOp.SUM)
         return mean.item() / self.world_size
 
-    def snapshot(self, directory: Path) -> dict[str, Any]:
+    def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
         real = self.ds.checkpoint_engine
         if real.is_decoupled():  # writes on its own schedule: let it write the files
-            self.ds.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+            self.ds.save_checkpoint(str(staging), tag=TAG, save_latest=False)
             return {}
-        capture = _SnapshotEngine(real, self.buffers, directory)
+        capture = _SnapshotEngine(real, self.buffers, staging)
         self.ds.checkpoint_engine = capture
         try:
-            self.ds.save_checkpoint(str(directory), tag=TAG, save_latest=False)
+            self.ds.save_checkpoint(str(staging), tag=TAG, save_latest=False)
         finally:
             self.ds.checkpoint_engine = real
         return capture.objects
@@ -128,3 +128,6 @@ class DeepSpeedEngine:
         path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {step_dir}")
+
+    def close(self) -> None:
+        self.buffers = HostBuffers()  # drop the host copies of the last checkpoint

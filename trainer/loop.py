@@ -41,6 +41,10 @@ class Hooks:
     control_broadcast: bool = True
 
 
+class ResumeError(Exception):
+    """Checkpoints exist but none can be resumed (one line, for the operator)."""
+
+
 class Trainer:
     def __init__(
         self,
@@ -71,8 +75,12 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest checkpoint every rank can verify, if there is one."""
-        found = find_resumable(self.checkpointer.root, self.checkpointer.coord, self._files_for)
+        root, coord = self.checkpointer.root, self.checkpointer.coord
+        found = find_resumable(root, coord, self._files_for)
         if found is None:
+            why = coord.broadcast(self._unusable() if self.rank == 0 else None)
+            if why is not None:
+                raise ResumeError(why)
             self.log("fresh_start")
             return
         manifest, step_dir = found
@@ -84,6 +92,21 @@ class Trainer:
         self.step = state["step"]
         self.checkpointer.last_step = self.checkpointer.durable_step = self.step
         self.log("resumed_from", step=self.step, path=step_dir)
+
+    def _unusable(self) -> str | None:
+        """Why sealed checkpoints exist that this run cannot load, if they do: starting
+        from step 0 next to them would silently throw their training away."""
+        root = self.checkpointer.root
+        for name in durable.candidates(root):
+            manifest = durable.read_manifest(root / name)
+            if manifest is not None:
+                return (
+                    f"{root} holds checkpoints (newest {name}: {manifest.engine}, "
+                    f"world size {manifest.world_size}) that this run ({self.engine.name}, "
+                    f"world size {self.batches.layout.world_size}) cannot load or verify; "
+                    "resume with their engine and world size, or move them away to start fresh"
+                )
+        return None
 
     def _files_for(self, manifest: durable.Manifest) -> list[str] | None:
         """What this rank verifies and loads: the engine's files plus its trainer state."""
@@ -166,10 +189,10 @@ class Trainer:
         in_memory = len(self.checkpointer.last_in_memory)  # files serialised in the background
         self.log("checkpoint_staged", step=self.step, stall_s=stall, in_memory=in_memory)
 
-    def _snapshot(self, directory: Path) -> dict[str, Any]:
+    def _snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
         """The engine's snapshot plus this rank's step and RNG (fresh tensors already);
         the data position is a pure function of the step."""
-        objects = self.engine.snapshot(directory)
+        objects = self.engine.snapshot(staging, target)
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()

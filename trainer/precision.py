@@ -40,16 +40,22 @@ def apply_precision(
     precision: Precision,
     device: torch.device,
     recipe: Fp8Recipe = "tensorwise",
+    fsdp: bool = False,
 ) -> nn.Module:
     """Convert ``model`` in place for ``precision`` (only fp8 changes modules, scaled by
-    ``recipe``) and return it."""
+    ``recipe``) and return it. ``fsdp``: the model will be sharded with FSDP2, so weights
+    are all-gathered in float8 where the recipe allows it (tensorwise)."""
     if precision == "fp8":
         # Imported here: torchao takes seconds to import and only fp8 needs it.
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         config = Float8LinearConfig.from_recipe_name(recipe)
         # Off CUDA there is no float8 matmul to use: emulate it (real casts and scales).
-        config = dataclasses.replace(config, emulate=device.type != "cuda")
+        config = dataclasses.replace(
+            config,
+            emulate=device.type != "cuda",
+            enable_fsdp_float8_all_gather=fsdp and recipe == "tensorwise",
+        )
         convert_to_float8_training(model, config=config, module_filter_fn=_in_block_linear)
     return model
 

@@ -4,7 +4,8 @@ Launch contract (see :mod:`trainer.launch`): torchrun's environment, plus
 ``RINGMASTER_JOB_SPEC`` (or ``--config JOB.toml``), ``RINGMASTER_JOB_ID``,
 ``RINGMASTER_WORKDIR`` and ``RINGMASTER_CONTROL_SOCKET``. Exit status: 0 when the job
 completed or was stopped (its final checkpoint durable), 2 for a bad spec (one line on
-stderr, before joining the process group), 143 on SIGTERM, 1 on any other failure.
+stderr, before joining the process group), 143 on SIGTERM, 1 on any other failure (one
+line when checkpoints exist that this run cannot resume).
 
 Hooks for tests and benchmarks only: ``RINGMASTER_TEST_PERSIST_DELAY_S`` (seconds each
 persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_PERSIST_GATE``
@@ -37,7 +38,7 @@ from trainer.data import SYNTHETIC, Batches, Layout
 from trainer.engine import DDPEngine, Engine
 from trainer.launch import Launch, SpecError, read_launch, torch_threads
 from trainer.log import Log
-from trainer.loop import Hooks, Outcome, Trainer
+from trainer.loop import Hooks, Outcome, ResumeError, Trainer
 from trainer.model import GPT, count_params
 from trainer.precision import apply_precision, count_float8_linears
 from trainer.presets import ModelConfig, get_preset
@@ -99,14 +100,20 @@ def _init_process_group(launch: Launch, device: torch.device) -> Coordination:
     return Coordination(launch.rank, launch.world_size, group)
 
 
-def _engine(launch: Launch, model: torch.nn.Module, device: torch.device) -> Engine:
+def _engine(
+    launch: Launch, model: torch.nn.Module, device: torch.device, coord: Coordination
+) -> Engine:
     train = launch.spec.train
     args = (model, train, train.precision, device, launch.rank, launch.world_size)
     if train.engine == "deepspeed":
         from trainer.engine_deepspeed import DeepSpeedEngine
 
         return DeepSpeedEngine(*args)
-    return DDPEngine(*args)
+    if train.engine == "fsdp":
+        from trainer.engine_fsdp import FSDPEngine
+
+        return FSDPEngine(*args, checkpoint_group=coord.group)
+    return DDPEngine(*args, checkpoint_group=coord.group)
 
 
 def _with_micro_batch(launch: Launch, size: int) -> Launch:
@@ -127,7 +134,8 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
     checkpointer: Checkpointer | None = None
     try:
         torch.manual_seed(train.seed)  # identical initial weights on every rank
-        model = apply_precision(GPT(cfg), train.precision, device, train.fp8_recipe)
+        fsdp = train.engine == "fsdp"
+        model = apply_precision(GPT(cfg), train.precision, device, train.fp8_recipe, fsdp)
         params = count_params(model)  # before ZeRO-3 partitions the parameters away
         if train.auto_micro_batch:  # before the engine: ZeRO-3 cannot run the bare model
             attempt = forward_backward(
@@ -138,7 +146,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
                 launch = _with_micro_batch(launch, size)
                 train = launch.spec.train
                 batches = _batches(launch, cfg)
-        engine = _engine(launch, model, device)
+        engine = _engine(launch, model, device, coord)
         log(
             "model",
             preset=train.model,
@@ -167,6 +175,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
         trainer.resume()
         outcome = trainer.run()
         checkpointer.close()
+        engine.close()
         if link is not None:
             link.send(Finished(step=trainer.step, outcome=outcome))
         return outcome
@@ -191,7 +200,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     termination.install()
     torch.set_num_threads(torch_threads(env, launch.local_world_size))
     log = Log(launch.rank)
-    run(launch, cfg, batches, hooks, log)
+    try:
+        run(launch, cfg, batches, hooks, log)
+    except ResumeError as exc:
+        print(f"trainer: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

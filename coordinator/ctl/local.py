@@ -97,10 +97,19 @@ def up(
             ],
             directory,
         )
+    seen: dict[str, NodeRecord] = {}
     try:
-        asyncio.run(_await_nodes(local, timeout))
+        asyncio.run(_await_nodes(local, seen, timeout))
     except TimeoutError:
-        raise CtlError(f"nodes did not all register within {timeout:.0f} s; see {logs}") from None
+        missing = ", ".join(n for n in names if n not in seen)
+        raise CtlError(
+            f"nodes did not all register within {timeout:.0f} s (missing: {missing}); see {logs}"
+        ) from None
+    for record in seen.values():
+        if record.state is not NodeState.READY:
+            # registered but not admissible: the operator should know before starting a job
+            why = ", ".join(record.telemetry.faults or record.faults) or "no reason given"
+            print(f"ringmaster: {record.id} is {record.state.value}: {why}", file=sys.stderr)
     return local
 
 
@@ -125,21 +134,23 @@ def _wait(ready: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-async def _await_nodes(local: LocalCluster, timeout: float) -> None:
+async def _await_nodes(local: LocalCluster, seen: dict[str, NodeRecord], timeout: float) -> None:
+    """Wait until the coordinator has a live record of every node, whatever its health: a
+    node whose preflight fails is registered (and degraded), not missing. ``seen`` fills
+    as records appear, so a timeout can name the nodes still missing."""
     nc = await connect(local.nats, "coordinatorctl-up")
     try:
         buckets = await ensure_layout(nc.jetstream(), local.cluster)
         async with asyncio.timeout(timeout):
             while True:
-                ready = set()
                 with contextlib.suppress(NoKeysError):
                     for key in await buckets.nodes.keys():
                         entry = await buckets.nodes.get(key)
                         if entry.value:
                             record = msgspec.json.decode(entry.value, type=NodeRecord)
-                            if record.state is NodeState.READY:
-                                ready.add(record.id)
-                if ready >= set(local.nodes):
+                            if record.state is not NodeState.LOST:
+                                seen[record.id] = record
+                if set(seen) >= set(local.nodes):
                     return
                 await asyncio.sleep(0.2)
     finally:

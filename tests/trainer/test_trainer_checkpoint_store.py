@@ -16,6 +16,7 @@ from trainer.checkpoint import (
     Coordination,
     HostBuffers,
     Stage,
+    Written,
     find_resumable,
     load_file,
 )
@@ -46,7 +47,7 @@ def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, P
 def state(step: int) -> Stage:
     """A snapshot function handing over one in-memory object, as a DDP rank does."""
 
-    def stage(directory: Path) -> dict[str, Any]:
+    def stage(directory: Path, target: Path) -> dict[str, Any]:
         return {"rank-0.pt": {"step": step, "weights": torch.full((64,), float(step))}}
 
     return stage
@@ -56,7 +57,7 @@ def staged_file(step: int) -> Stage:
     """A snapshot function that writes its file into the staging dir, as DeepSpeed's
     recovery scripts are."""
 
-    def stage(directory: Path) -> dict[str, Any]:
+    def stage(directory: Path, target: Path) -> dict[str, Any]:
         (directory / "extra").mkdir()
         (directory / "extra" / "notes.txt").write_text(f"step {step}")
         return {"rank-0.pt": {"step": step}}
@@ -123,6 +124,56 @@ def test_staged_files_and_snapshot_objects_share_the_manifest(tmp_path: Path) ->
     assert all(durable.verify(step_dir, manifest, name) for name in manifest.files)
     assert (step_dir / "extra" / "notes.txt").read_text() == "step 2"
     assert load_file(step_dir / "rank-0.pt") == {"step": 2}
+
+
+def written_by_engine(step: int, release: threading.Event, fail: bool = False) -> Stage:
+    """A snapshot function whose engine writes its own file into the step dir from another
+    thread, as DCP's upload thread does; ``wait`` fails if the write did."""
+
+    def stage(directory: Path, target: Path) -> dict[str, Any]:
+        done: list[str] = []
+
+        def upload() -> None:
+            release.wait(30)
+            if not fail:
+                (target / "dcp").mkdir(parents=True)
+                (target / "dcp" / "__0_0.distcp").write_bytes(bytes([step]) * 100)
+                done.append("dcp/__0_0.distcp")
+
+        thread = threading.Thread(target=upload)
+        thread.start()
+
+        def wait() -> list[str]:
+            thread.join()
+            if not done:
+                raise OSError("upload failed")
+            return done
+
+        return {"dcp": Written(wait), "trainer-rank-0.pt": {"step": step}}
+
+    return stage
+
+
+def test_files_an_engine_writes_itself_are_waited_for_hashed_and_sealed(tmp_path: Path) -> None:
+    ckpt, reported = make(tmp_path)
+    release = threading.Event()
+    ckpt.save(3, written_by_engine(3, release))
+    assert ckpt.last_in_memory == ["dcp", "trainer-rank-0.pt"]
+    assert durable.read_latest(tmp_path / "ckpt") is None  # sealed only after the upload
+    release.set()
+    ckpt.wait()
+    step_dir = tmp_path / "ckpt" / "step-3"
+    manifest = durable.read_manifest(step_dir)
+    assert manifest is not None
+    assert manifest.ranks == {"0": ["dcp/__0_0.distcp", "trainer-rank-0.pt"]}
+    assert manifest.files["dcp/__0_0.distcp"].size == 100
+    assert durable.verify(step_dir, manifest, "dcp/__0_0.distcp")
+    assert [step for step, _, _ in reported] == [3]
+    # a failed upload leaves step 3 as the newest checkpoint
+    ckpt.save(4, written_by_engine(4, release, fail=True))
+    ckpt.close()
+    assert durable.read_latest(tmp_path / "ckpt") == "step-3"
+    assert durable.read_manifest(tmp_path / "ckpt" / "step-4") is None
 
 
 def test_host_buffers_snapshot_is_private_and_reused() -> None:

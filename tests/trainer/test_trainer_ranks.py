@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 import torch
+from dcp_files import read_dcp
 
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from trainer import durable
 from trainer.checkpoint import Coordination, default_staging_dir, find_resumable, load_file
+from trainer.dcp_async import DcpState
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -67,14 +69,15 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(
         assert [t["step"] for t in a] == list(range(10))  # trace steps are 0-based
         assert [t["ids"] for t in a] == [t["ids"] for t in b]  # same samples after resume
         assert [t["loss"] for t in a] == [t["loss"] for t in b]  # bit-identical losses
-    final_a = load_file(tmp_path / "a" / "step-10" / "rank-0.pt")
-    final_b = load_file(tmp_path / "b" / "step-10" / "rank-0.pt")
+    final_a = read_dcp(tmp_path / "a" / "step-10", tmp_path)
+    final_b = read_dcp(tmp_path / "b" / "step-10", tmp_path)
+    assert final_a["model"].keys() == final_b["model"].keys()
     for name, tensor in final_b["model"].items():
         assert torch.equal(final_a["model"][name], tensor), name
     state_a, state_b = final_a["optimizer"]["state"], final_b["optimizer"]["state"]
-    assert state_a.keys() == state_b.keys()
+    assert state_a.keys() == state_b.keys() and state_a
     assert all(torch.equal(state_a[k]["exp_avg_sq"], state_b[k]["exp_avg_sq"]) for k in state_a)
-    # DDP state is replicated, so a smaller world (a node drained) resumes from rank 0's copy
+    # DCP reshards on load, so a smaller world (a node drained) resumes the same state
     alone = make_spec(train={"steps": 11}, checkpoint={"every_steps": 3, "dir": "b"})
     ranks = launch(alone, world_size=1)
     assert ranks.wait() == [0], ranks.log(0)
@@ -91,7 +94,8 @@ def test_kill_during_persist_keeps_previous_checkpoint(
     # the next run's final persist stalls after writing its shards; kill -9 it there
     ranks = launch(make_spec(train={"steps": 6}), env={"RINGMASTER_TEST_PERSIST_DELAY_S": "60"})
     deadline = time.monotonic() + 60
-    shards = [root / "step-6" / durable.shard_name(r) for r in (0, 1)]
+    # each rank writes its step/RNG file once its DCP files are written and fsynced
+    shards = [root / "step-6" / durable.trainer_file(r) for r in (0, 1)]
     while not all(p.exists() for p in shards):
         assert time.monotonic() < deadline and all(p.poll() is None for p in ranks.procs)
         time.sleep(0.05)
@@ -99,7 +103,8 @@ def test_kill_during_persist_keeps_previous_checkpoint(
     assert ranks.wait() == [-9, -9]
     assert durable.read_latest(root) == "step-3"
     assert durable.read_manifest(root / "step-6") is None
-    found = find_resumable(root, Coordination(), lambda m: ["rank-0.pt", "trainer-rank-0.pt"])
+    assert (root / "step-6" / "dcp" / ".metadata").exists()  # written, never sealed
+    found = find_resumable(root, Coordination(), lambda m: [*DcpState.files_for(m)])
     assert found is not None and found[1] == root / "step-3"
     assert load_file(root / "step-3" / "trainer-rank-0.pt")["step"] == 3
     # a fresh launch resumes from step 3 and completes, sealing step 6 this time
@@ -112,8 +117,8 @@ def test_kill_during_persist_keeps_previous_checkpoint(
 def test_training_continues_while_a_checkpoint_is_unserialised(
     tmp_path: Path, launch: Any, make_spec: MakeSpec
 ) -> None:
-    """The loop waits for a snapshot, never for serialisation: with every persist held
-    before it writes a byte, the ranks still train past the checkpoint."""
+    """The loop waits for a snapshot, never for the persist: with every persist held
+    before it seals anything, the ranks still train past the checkpoint."""
     agent = FakeAgent(tmp_path / "agent.sock")
     gate = tmp_path / "gate"
     spec = make_spec(train={"steps": 8}, checkpoint={"every_steps": 4})
@@ -121,7 +126,7 @@ def test_training_continues_while_a_checkpoint_is_unserialised(
     agent.wait_for(StepDone, lambda m: m.step >= 7)
     for rank in (0, 1):
         staged = ranks.events(rank, "checkpoint_staged")[0]
-        assert (staged["step"], staged["in_memory"]) == ("4", "2")  # shard + step/RNG
+        assert (staged["step"], staged["in_memory"]) == ("4", "2")  # DCP state + step/RNG
     # steps 5-7 ran while step 4's checkpoint was still only in memory
     staging = default_staging_dir(launch.job_id, tmp_path)
     assert not [p for p in (*tmp_path.rglob("*.pt"), *staging.rglob("*")) if p.is_file()]
@@ -132,7 +137,7 @@ def test_training_continues_while_a_checkpoint_is_unserialised(
     assert (finished.step, finished.outcome) == (8, "completed")
     assert [m.step for m in agent.of(Checkpointed)] == [4, 8]
     assert durable.read_latest(tmp_path / "ckpt") == "step-8"
-    found = find_resumable(tmp_path / "ckpt", Coordination(), lambda m: ["rank-0.pt"])
+    found = find_resumable(tmp_path / "ckpt", Coordination(), DcpState.files_for)
     assert found is not None and found[1].name == "step-8"
     assert load_file(tmp_path / "ckpt" / "step-4" / "trainer-rank-1.pt")["step"] == 4
     agent.close()
@@ -184,9 +189,13 @@ def test_stop_checkpoints_and_exits_zero(tmp_path: Path, launch: Any, make_spec:
     root = tmp_path / "ckpt"
     assert durable.read_latest(root) == f"step-{finished.step}"
     manifest = durable.read_manifest(root / f"step-{finished.step}")
-    assert manifest is not None and manifest.ranks == {
-        str(r): [f"rank-{r}.pt", f"trainer-rank-{r}.pt"] for r in (0, 1)
-    }
+    assert manifest is not None and sorted(manifest.ranks) == ["0", "1"]
+    for rank, files in manifest.ranks.items():
+        # each rank lists its own DCP files and its step/RNG; rank 0 also DCP's index
+        dcp_files = [f for f in files if f.startswith("dcp/__")]
+        assert dcp_files and all(f.startswith(f"dcp/__{rank}_") for f in dcp_files), files
+        assert f"trainer-rank-{rank}.pt" in files
+        assert ("dcp/.metadata" in files) == (rank == "0")
     for rank in (0, 1):
         assert ranks.events(rank, "finished")[0]["outcome"] == "stopped"
     agent.close()

@@ -1,0 +1,147 @@
+"""How long a checkpoint blocks the training loop, against the same checkpoint saved
+synchronously (not a test).
+
+    .venv/bin/python bench/checkpoint_bench.py [--sizes-mb 200 600] [--repeats 3]
+
+Per state size (parameters + AdamW's two moments, fp32), in one process with a one-rank
+gloo group, through the real :class:`trainer.checkpoint.Checkpointer`:
+
+* DCP (the DDP and FSDP engines): :class:`trainer.dcp_async.DcpState` over a model of that
+  size. Blocked = what ``Checkpointer.save`` returns (``async_save`` staging into reused
+  host buffers, plus the step/RNG file's snapshot); synchronous = the same save waited for
+  to the end (staging, DCP's write with fsync, sha256 of every file, manifest, ``latest``).
+  A plain ``dcp.save`` of the live state is shown for reference.
+* Host buffers (the DeepSpeed engine's capture): the state dicts copied into reused host
+  buffers; synchronous = that save waited for (``torch.save``, sha256, fsync, manifest).
+
+The first checkpoint of each path allocates its host buffers; it is shown apart and left
+out of the medians, as it happens once per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from trainer import durable
+from trainer.checkpoint import Checkpointer, Coordination, HostBuffers, default_staging_dir
+from trainer.dcp_async import DcpState
+
+WIDTH = 1024  # one layer: a WIDTH x WIDTH fp32 weight and its two moments, 12 MiB
+
+
+def trained_model(megabytes: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Linear layers whose weights + AdamW moments come to about ``megabytes``, after one
+    optimizer step (so the moments exist)."""
+    layers = max(1, round(megabytes * (1 << 20) / (3 * 4 * WIDTH * WIDTH)))
+    model = nn.Sequential(*(nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    return model, optimizer
+
+
+def timed(
+    ckpt: Checkpointer, stage: Callable[[Path, Path], dict[str, Any]], repeats: int
+) -> tuple[float, list[float], list[float]]:
+    """The first save's block, then per later save: blocked, and blocked + persist."""
+    first = ckpt.save(1, stage)
+    ckpt.wait()
+    blocked, full = [], []
+    for step in range(2, repeats + 2):
+        start = time.monotonic()
+        blocked.append(ckpt.save(step, stage))
+        ckpt.wait()
+        full.append(time.monotonic() - start)
+        if ckpt.durable_step != step:
+            raise SystemExit(f"checkpoint step {step} did not become durable")
+    ckpt.close()
+    return first, blocked, full
+
+
+def report(label: str, size: int, first: float, blocked: list[float], full: list[float]) -> None:
+    b, f = statistics.median(blocked), statistics.median(full)
+    runs = ", ".join(f"{x / y:.3f}" for x, y in zip(blocked, full, strict=True))
+    print(
+        f"{label:13} {size / 1e6:5.0f} MB: blocked {b:.3f} s, synchronous save {f:.3f} s "
+        f"-> ratio {b / f:.3f} (runs: {runs}; first, allocating: {first:.3f} s)"
+    )
+
+
+def step_file(step: int) -> dict[str, Any]:
+    """What the trainer adds to every engine's snapshot: its step and RNG."""
+    return {durable.trainer_file(0): {"step": step, "rng": {"cpu": torch.get_rng_state()}}}
+
+
+def dcp_path(root: Path, megabytes: int, repeats: int) -> None:
+    model, optimizer = trained_model(megabytes)
+    state = DcpState(model, optimizer, dist.group.WORLD)
+    staging = default_staging_dir("bench-dcp", root)
+    ckpt = Checkpointer(root / f"dcp-{megabytes}", staging, Coordination(), keep=1, engine="ddp")
+
+    def stage(staging: Path, target: Path) -> dict[str, Any]:
+        return {**state.snapshot(target), **step_file(0)}
+
+    first, blocked, full = timed(ckpt, stage, repeats)
+    state.close()
+    manifest = durable.read_manifest(root / f"dcp-{megabytes}" / f"step-{repeats + 1}")
+    assert manifest is not None
+    size = sum(e.size for name, e in manifest.files.items() if name.startswith("dcp/"))
+    report("DCP", size, first, blocked, full)
+    plain = []
+    for i in range(repeats):
+        start = time.monotonic()
+        dcp.save({"model": model.state_dict()}, checkpoint_id=root / f"plain-{megabytes}-{i}")
+        plain.append(time.monotonic() - start)
+        shutil.rmtree(root / f"plain-{megabytes}-{i}")
+    print(f"{'':13} plain dcp.save of the weights alone: {statistics.median(plain):.3f} s")
+
+
+def host_buffers_path(root: Path, megabytes: int, repeats: int) -> None:
+    model, optimizer = trained_model(megabytes)
+    buffers = HostBuffers()
+    shard = durable.shard_name(0)
+    staging = default_staging_dir("bench-hb", root)
+    ckpt = Checkpointer(root / f"hb-{megabytes}", staging, Coordination(), keep=1, engine="ds")
+
+    def stage(staging: Path, target: Path) -> dict[str, Any]:
+        live = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        return {shard: buffers.copy(live, shard), **step_file(0)}
+
+    first, blocked, full = timed(ckpt, stage, repeats)
+    size = durable.hash_file(root / f"hb-{megabytes}" / f"step-{repeats + 1}" / shard).size
+    report("host buffers", size, first, blocked, full)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[200, 600])
+    parser.add_argument("--repeats", type=int, default=3, help="checkpoints per size and path")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    root = Path(tempfile.mkdtemp(prefix="checkpoint-bench-"))
+    print(f"## checkpoint, 1 rank: staging {default_staging_dir('bench', root)}, durable {root}")
+    try:
+        for megabytes in args.sizes_mb:
+            dcp_path(root, megabytes, args.repeats)
+            host_buffers_path(root, megabytes, args.repeats)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
