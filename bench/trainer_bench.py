@@ -85,6 +85,7 @@ def spec(precision: str, steps: int) -> JobSpec:
         {
             "job": {"name": "bench"},
             "train": {
+                "engine": "ddp",
                 "model": "tiny",
                 "steps": steps,
                 "precision": precision,
@@ -98,7 +99,7 @@ def spec(precision: str, steps: int) -> JobSpec:
 
 
 def throughput(root: Path, steps: int) -> None:
-    print(f"## tiny preset, {WORLD} ranks gloo (1 thread each), micro_batch 8 x seq 128")
+    print(f"## tiny preset, DDP, {WORLD} ranks gloo (1 thread each), micro_batch 8 x seq 128")
     for precision in ("fp32", "fp8"):
         done = run_job(root / f"tput-{precision}", spec(precision, steps), {})[steps // 5 :]
         tps = statistics.median(m.tokens_per_s for m in done)

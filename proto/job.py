@@ -54,7 +54,7 @@ class TrainSection(Config):
     seed: NonNegative = 0
     # deepspeed (ZeRO, zero_stage below), fsdp (FSDP2, torch.distributed.checkpoint), or
     # plain ddp.
-    engine: Literal["deepspeed", "fsdp", "ddp"] = "ddp"
+    engine: Literal["deepspeed", "fsdp", "ddp"] = "deepspeed"
     zero_stage: Annotated[int, msgspec.Meta(ge=0, le=3)] = 1
     log_every: Positive = 1
 

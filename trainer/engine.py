@@ -8,6 +8,8 @@ shard a rank needs on resume.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,12 +56,52 @@ class Engine(Protocol):
         ...
 
 
-class DDPEngine(DcpCheckpoints):
-    """DistributedDataParallel + AdamW, gradients clipped by global norm; checkpoints
-    through DCP ``async_save`` (:class:`trainer.dcp_async.DcpState`). Parameters and
-    optimizer state are replicated: DCP writes each tensor once, spread over the ranks, and
-    a job resumed with another world size loads the same state.
-    """
+class TorchEngine(DcpCheckpoints):
+    """What the DDP and FSDP engines share: AdamW over the unwrapped ``module``'s
+    parameters, forward through the ``wrapped`` one, gradients clipped by global norm, DCP
+    checkpoints (:class:`trainer.dcp_async.DcpState`). Built after the wrapping, so the
+    optimizer sees the parameters as the wrapper left them (FSDP2: DTensor shards)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        wrapped: nn.Module,
+        train: TrainSection,
+        autocast: Callable[[], contextlib.AbstractContextManager[object]],
+        device: torch.device,
+        world_size: int,
+        checkpoint_group: dist.ProcessGroup | None,
+    ) -> None:
+        self.module = module
+        self.wrapped = wrapped
+        self.device = device
+        self.world_size = world_size
+        self.grad_clip = train.grad_clip
+        self.autocast = autocast
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=train.lr)
+        self.state = DcpState(module, self.optimizer, checkpoint_group)
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.autocast():
+            logits = self.wrapped(inputs.to(self.device))
+        loss = lm_loss(logits, targets.to(self.device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.after_optimizer_step()
+        mean = loss.detach().float().clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+        return mean.item() / self.world_size
+
+    def after_optimizer_step(self) -> None:
+        """What an engine does once the weights have changed (nothing, by default)."""
+
+
+class DDPEngine(TorchEngine):
+    """DistributedDataParallel. Parameters and optimizer state are replicated: DCP writes
+    each tensor once, spread over the ranks, and a job resumed with another world size
+    loads the same state."""
 
     name = "ddp"
 
@@ -73,26 +115,9 @@ class DDPEngine(DcpCheckpoints):
         world_size: int,
         checkpoint_group: dist.ProcessGroup | None = None,
     ) -> None:
-        self.module = module.to(device)
-        self.rank = rank
-        self.world_size = world_size
-        self.device = device
-        self.grad_clip = train.grad_clip
-        self.ddp = DistributedDataParallel(
-            self.module, device_ids=[device.index] if device.type == "cuda" else None
+        module = module.to(device)
+        ddp = DistributedDataParallel(
+            module, device_ids=[device.index] if device.type == "cuda" else None
         )
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=train.lr)
-        self.autocast = autocast_context(precision, device)
-        self.state = DcpState(self.module, self.optimizer, checkpoint_group)
-
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
-            logits = self.ddp(inputs.to(self.device))
-        loss = lm_loss(logits, targets.to(self.device))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
-        self.optimizer.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
-        return mean.item() / self.world_size
+        autocast = autocast_context(precision, device)
+        super().__init__(module, ddp, train, autocast, device, world_size, checkpoint_group)

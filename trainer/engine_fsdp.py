@@ -26,8 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from proto.job import TrainSection
-from trainer.dcp_async import DcpCheckpoints, DcpState
-from trainer.model import lm_loss
+from trainer.engine import TorchEngine
 from trainer.precision import Precision, autocast_context
 
 
@@ -43,7 +42,7 @@ def _float8_all_gather(module: nn.Module) -> bool:
     )
 
 
-class FSDPEngine(DcpCheckpoints):
+class FSDPEngine(TorchEngine):
     name = "fsdp"
 
     def __init__(
@@ -56,37 +55,21 @@ class FSDPEngine(DcpCheckpoints):
         world_size: int,
         checkpoint_group: dist.ProcessGroup | None = None,
     ) -> None:
-        self.module = module.to(device)
-        self.device = device
-        self.rank = rank
-        self.world_size = world_size
-        self.grad_clip = train.grad_clip
+        module = module.to(device)
         mesh = init_device_mesh(device.type, (world_size,))
         policy = MixedPrecisionPolicy()
+        autocast = autocast_context(precision, device)
         if device.type == "cuda" and precision in ("bf16", "fp8"):
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            self.autocast = autocast_context("fp32", device)  # the policy casts instead
-        else:
-            self.autocast = autocast_context(precision, device)
+            autocast = autocast_context("fp32", device)  # the policy casts instead
         for block in module.get_submodule("blocks").children():
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(module, mesh=mesh, mp_policy=policy)
         self.float8_all_gather = _float8_all_gather(module)
-        self.optimizer = torch.optim.AdamW(module.parameters(), lr=train.lr)
-        self.state = DcpState(module, self.optimizer, checkpoint_group)
+        super().__init__(module, module, train, autocast, device, world_size, checkpoint_group)
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
-        with self.autocast():
-            logits = self.module(inputs.to(self.device))
-        loss = lm_loss(logits, targets.to(self.device))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
-        self.optimizer.step()
-        if self.float8_all_gather:
+    def after_optimizer_step(self) -> None:
+        if self.float8_all_gather:  # one pass computes every weight's float8 scale
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
             precompute_float8_dynamic_scale_for_fsdp(self.module)
-        mean = loss.detach().float().clone()
-        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
-        return mean.item() / self.world_size

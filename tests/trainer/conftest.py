@@ -32,10 +32,11 @@ def free_port() -> int:
 
 
 def job_spec(**sections: dict[str, Any]) -> JobSpec:
-    """A small fast job (tiny model, fp32) with ``sections`` merged over it."""
+    """A small fast job (tiny model, fp32, DDP) with ``sections`` merged over it."""
     raw: dict[str, Any] = {
         "job": {"name": "test"},
         "train": {
+            "engine": "ddp",
             "model": "tiny",
             "steps": 10,
             "precision": "fp32",
