@@ -10,7 +10,6 @@ gloo group, through the real :class:`trainer.checkpoint.Checkpointer`:
   size. Blocked = what ``Checkpointer.save`` returns (``async_save`` staging into reused
   host buffers, plus the step/RNG file's snapshot); synchronous = the same save waited for
   to the end (staging, DCP's write with fsync, sha256 of every file, manifest, ``latest``).
-  A plain ``dcp.save`` of the live state is shown for reference.
 * Host buffers (the DeepSpeed engine's capture): the state dicts copied into reused host
   buffers; synchronous = that save waited for (``torch.save``, sha256, fsync, manifest).
 
@@ -31,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from trainer import durable
@@ -72,11 +70,12 @@ def timed(
 
 
 def report(label: str, size: int, first: float, blocked: list[float], full: list[float]) -> None:
+    ratios = [x / y for x, y in zip(blocked, full, strict=True)]
     b, f = statistics.median(blocked), statistics.median(full)
-    runs = ", ".join(f"{x / y:.3f}" for x, y in zip(blocked, full, strict=True))
     print(
         f"{label:13} {size / 1e6:5.0f} MB: blocked {b:.3f} s, synchronous save {f:.3f} s "
-        f"-> ratio {b / f:.3f} (runs: {runs}; first, allocating: {first:.3f} s)"
+        f"(medians) -> ratio {statistics.median(ratios):.3f} (median of "
+        f"{', '.join(f'{r:.3f}' for r in ratios)}; first, allocating: {first:.3f} s)"
     )
 
 
@@ -100,13 +99,6 @@ def dcp_path(root: Path, megabytes: int, repeats: int) -> None:
     assert manifest is not None
     size = sum(e.size for name, e in manifest.files.items() if name.startswith("dcp/"))
     report("DCP", size, first, blocked, full)
-    plain = []
-    for i in range(repeats):
-        start = time.monotonic()
-        dcp.save({"model": model.state_dict()}, checkpoint_id=root / f"plain-{megabytes}-{i}")
-        plain.append(time.monotonic() - start)
-        shutil.rmtree(root / f"plain-{megabytes}-{i}")
-    print(f"{'':13} plain dcp.save of the weights alone: {statistics.median(plain):.3f} s")
 
 
 def host_buffers_path(root: Path, megabytes: int, repeats: int) -> None:

@@ -40,6 +40,7 @@ log = structlog.get_logger()
 Handler = Callable[[bytes], Awaitable[None]]
 NODE_REFRESH_S = 15.0  # telemetry in node records is at most this old
 WRITES_IN_FLIGHT = 32  # bounded, so lease renewals and commands never queue behind them
+YIELD_EVERY = 500  # nodes examined between yields to the event loop
 
 
 class Leadership:
@@ -173,7 +174,9 @@ class Leadership:
         beat, and 10,000 nodes must not mean 10,000 KV writes a second."""
         wall, mono = time.time(), time.monotonic()
         changed, stale = [], []
-        for node in list(self.registry.nodes.values()):  # heartbeats add nodes meanwhile
+        for i, node in enumerate(list(self.registry.nodes.values())):  # beats add nodes
+            if i and i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # let events through: a decision must not wait for us
             key = (
                 node.state,
                 tuple(node.faults),
@@ -192,18 +195,21 @@ class Leadership:
         budget = max(1, len(self.registry.nodes) // int(NODE_REFRESH_S))
         stale.sort(key=lambda item: item[0])
         due = changed + [(node, key) for _, node, key in stale[:budget]]
-        gate = asyncio.Semaphore(WRITES_IN_FLIGHT)
+        pending = iter(due)
 
-        async def write(node: NodeInfo, key: object) -> None:
-            async with gate:
+        async def writer() -> None:
+            # A few writers draining one iterator, not a task per record: after a takeover
+            # every one of 10,000 nodes is new, and 10,000 tasks created in one go stall
+            # the event loop for longer than a decision may take.
+            for node, key in pending:
                 try:
                     await self.buckets.nodes.put(node.id, encode(_record(node, wall, mono)))
                 except Exception as exc:
                     log.warning("node record not written", node=node.id, error=repr(exc))
-                    return
+                    continue
                 self._node_written[node.id] = (key, mono)
 
-        await asyncio.gather(*(write(node, key) for node, key in due))
+        await asyncio.gather(*(writer() for _ in range(min(WRITES_IN_FLIGHT, len(due)))))
 
     async def _on_submit(self, msg: Msg) -> None:
         await self._answer(
