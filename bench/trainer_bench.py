@@ -1,5 +1,5 @@
 """Trainer benchmarks on this machine's CPU (not a test): throughput and the cost of the
-step-boundary control broadcast (checkpoint stalls: ``bench/checkpoint_bench.py``).
+step-boundary control word (checkpoint stalls: ``bench/checkpoint_bench.py``).
 
     .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400]
 
@@ -80,12 +80,12 @@ def free_port() -> int:
         return port
 
 
-def spec(precision: str, steps: int) -> JobSpec:
+def spec(precision: str, steps: int, engine: str = "ddp") -> JobSpec:
     return msgspec.convert(
         {
             "job": {"name": "bench"},
             "train": {
-                "engine": "ddp",
+                "engine": engine,
                 "model": "tiny",
                 "steps": steps,
                 "precision": precision,
@@ -99,19 +99,23 @@ def spec(precision: str, steps: int) -> JobSpec:
 
 
 def throughput(root: Path, steps: int) -> None:
-    print(f"## tiny preset, DDP, {WORLD} ranks gloo (1 thread each), micro_batch 8 x seq 128")
-    for precision in ("fp32", "fp8"):
-        done = run_job(root / f"tput-{precision}", spec(precision, steps), {})[steps // 5 :]
-        tps = statistics.median(m.tokens_per_s for m in done)
-        step_ms = 1000 * statistics.median(m.step_time_s for m in done)
-        label = "fp8 (torchao, emulated)" if precision == "fp8" else "fp32"
-        print(f"{label:24} {tps:9.0f} tokens/s (global)   {step_ms:6.1f} ms/step")
+    print(f"## tiny preset, {WORLD} ranks gloo (1 thread each), micro_batch 8 x seq 128")
+    for engine in ("ddp", "deepspeed", "fsdp"):
+        for precision in ("fp32", "fp8"):
+            job = spec(precision, steps, engine)
+            done = run_job(root / f"tput-{engine}-{precision}", job, {})[steps // 5 :]
+            tps = statistics.median(m.tokens_per_s for m in done)
+            step_ms = 1000 * statistics.median(m.step_time_s for m in done)
+            label = f"{engine} " + ("fp8 (torchao, emulated)" if precision == "fp8" else "fp32")
+            print(f"{label:34} {tps:9.0f} tokens/s (global)   {step_ms:6.1f} ms/step")
 
 
 def control_cost(root: Path, steps: int, rounds: int = 2) -> None:
     """Wall time between consecutive StepDone reports (the step plus its boundary), on a
-    small step (micro_batch 2 x seq 32) so the broadcast's share is as visible as it gets;
-    runs alternate with and without the broadcast to spread out machine noise."""
+    small step (micro_batch 2 x seq 32) so the control word's share is as visible as it
+    gets. Without it (``RINGMASTER_BENCH_NO_CONTROL=1``) rank 0 folds no words and no
+    boundary broadcasts; the loss is still averaged over the ranks, as any trainer does.
+    Runs alternate with and without, to spread out machine noise."""
     gaps: dict[str, list[float]] = {"with": [], "without": []}
     small = msgspec.structs.replace(
         spec("fp32", steps),
@@ -123,7 +127,7 @@ def control_cost(root: Path, steps: int, rounds: int = 2) -> None:
             gaps[label] += [b.time - a.time for a, b in itertools.pairwise(done)]
     with_s, without_s = (statistics.median(gaps[k]) for k in ("with", "without"))
     print(
-        f"step time with control broadcast / without: {with_s / without_s:.3f} "
+        f"step time with the control word / without: {with_s / without_s:.3f} "
         f"({1000 * with_s:.2f} ms / {1000 * without_s:.2f} ms median, tiny fp32, "
         f"micro_batch 2 x seq 32, {rounds} x {steps} steps each)"
     )

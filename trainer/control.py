@@ -1,9 +1,14 @@
 """Step-boundary control: every rank acts on the same control word at the same step.
 
 Only rank 0 hears the agent. At each step boundary it folds the words that arrived since
-the last boundary into one :class:`Decision` and broadcasts it as a 3-int tensor, so all
-ranks pause, checkpoint or stop at the same step and none is left inside a collective the
-others never enter.
+the last boundary into one :class:`Decision`, and every rank receives it, so all ranks
+pause, checkpoint or stop at the same step and none is left inside a collective the others
+never enter.
+
+While training, the decision costs no collective of its own: it rides in the all-reduce
+that averages the step's loss (:meth:`StepControl.reduce_step`, a 4-element float64 sum to
+which only rank 0 adds the word), so the boundary after a step needs nothing more. The
+first boundary, and every boundary while paused, broadcasts it (:meth:`StepControl.exchange`).
 
 While paused, rank 0 waits up to :data:`PAUSE_POLL_S` for a word and every rank joins a
 broadcast at that cadence. No rank ever sits in a collective for longer than that (well
@@ -62,8 +67,8 @@ def fold(words: Sequence[ControlWord]) -> Decision:
 
 
 class StepControl:
-    """The per-boundary exchange. ``enabled=False`` skips the broadcast entirely: only the
-    benchmark uses it, to measure what the broadcast costs."""
+    """The per-boundary exchange. ``enabled=False`` carries no control word at all (no fold,
+    no broadcast): only the benchmark uses it, to measure what the word costs."""
 
     def __init__(
         self, rank: int, device: torch.device, link: AgentLink | None, *, enabled: bool = True
@@ -85,6 +90,18 @@ class StepControl:
         dist.broadcast(word, src=0)
         action, checkpoint, seq = word.tolist()
         return Decision(Action(action), bool(checkpoint), seq)
+
+    def reduce_step(self, loss: torch.Tensor, world_size: int) -> tuple[float, Decision]:
+        """End of a step, on every rank: one all-reduce gives the loss averaged over the
+        ranks and rank 0's decision for the boundary that follows."""
+        vector = torch.zeros(4, dtype=torch.float64, device=loss.device)
+        vector[0] = loss.detach().to(torch.float64)
+        if self.enabled and self.rank == 0:
+            decision = fold(self._pending(0.0))
+            vector[1], vector[2], vector[3] = decision.action, decision.checkpoint, decision.seq
+        dist.all_reduce(vector, op=dist.ReduceOp.SUM)
+        total, action, checkpoint, seq = vector.tolist()
+        return total / world_size, Decision(Action(int(action)), bool(checkpoint), int(seq))
 
     def _pending(self, wait_s: float) -> list[ControlWord]:
         if self.link is None:  # nothing can arrive; keep the cadence anyway

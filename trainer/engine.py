@@ -29,8 +29,9 @@ class Engine(Protocol):
     name: str
     module: nn.Module  # the unwrapped model
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
-        """One optimizer step; returns the loss averaged over all ranks."""
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """One optimizer step; returns this rank's loss (a detached scalar tensor: the loop
+        averages it over the ranks in the all-reduce that also carries the control word)."""
         ...
 
     def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
@@ -69,19 +70,17 @@ class TorchEngine(DcpCheckpoints):
         train: TrainSection,
         autocast: Callable[[], contextlib.AbstractContextManager[object]],
         device: torch.device,
-        world_size: int,
         checkpoint_group: dist.ProcessGroup | None,
     ) -> None:
         self.module = module
         self.wrapped = wrapped
         self.device = device
-        self.world_size = world_size
         self.grad_clip = train.grad_clip
         self.autocast = autocast
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=train.lr)
         self.state = DcpState(module, self.optimizer, checkpoint_group)
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             logits = self.wrapped(inputs.to(self.device))
@@ -90,9 +89,7 @@ class TorchEngine(DcpCheckpoints):
         torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
         self.optimizer.step()
         self.after_optimizer_step()
-        mean = loss.detach().float().clone()
-        dist.all_reduce(mean, op=dist.ReduceOp.SUM)
-        return mean.item() / self.world_size
+        return loss.detach()
 
     def after_optimizer_step(self) -> None:
         """What an engine does once the weights have changed (nothing, by default)."""
@@ -120,4 +117,4 @@ class DDPEngine(TorchEngine):
             module, device_ids=[device.index] if device.type == "cuda" else None
         )
         autocast = autocast_context(precision, device)
-        super().__init__(module, ddp, train, autocast, device, world_size, checkpoint_group)
+        super().__init__(module, ddp, train, autocast, device, checkpoint_group)

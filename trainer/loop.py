@@ -21,7 +21,7 @@ from proto.progress import Checkpointed, Paused, Progress, Resumed, StepDone
 from trainer import durable
 from trainer.agent_link import AgentLink
 from trainer.checkpoint import Checkpointer, find_resumable, load_file
-from trainer.control import PAUSE_POLL_S, Action, StepControl
+from trainer.control import PAUSE_POLL_S, Action, Decision, StepControl
 from trainer.data import Batches
 from trainer.engine import Engine
 from trainer.log import Log
@@ -38,7 +38,7 @@ class Hooks:
     persist_delay_s: float = 0.0
     persist_gate: Path | None = None  # persists wait for this file before serialising
     trace_dir: Path | None = None  # per-rank JSON lines: step, sample ids, loss
-    control_broadcast: bool = True
+    control_word: bool = True
 
 
 class ResumeError(Exception):
@@ -124,13 +124,14 @@ class Trainer:
         checkpoint is durable."""
         self.log("start", step=self.step, target=self.target)
         outcome: Outcome = COMPLETED
+        decision = self.control.exchange()  # the first boundary: no step to carry it
         while True:
-            if self._boundary() == STOPPED:
+            if self._boundary(decision) == STOPPED:
                 outcome = STOPPED
                 break
             if self.step >= self.target:
                 break
-            self._train_step()
+            decision = self._train_step()
             if self.step % self.spec.checkpoint.every_steps == 0:
                 self._checkpoint()
         if self.checkpointer.last_step != self.step:
@@ -141,10 +142,9 @@ class Trainer:
         self.log("finished", step=self.step, outcome=outcome)
         return outcome
 
-    def _boundary(self) -> Outcome | None:
+    def _boundary(self, decision: Decision) -> Outcome | None:
         """Act on this boundary's control decision; while paused, keep polling for the
         next one. Returns STOPPED when the job must stop here."""
-        decision = self.control.exchange()
         paused = False
         while True:
             if decision.checkpoint or decision.action == Action.STOP:
@@ -163,10 +163,12 @@ class Trainer:
                 return None
             decision = self.control.exchange(wait_s=PAUSE_POLL_S)
 
-    def _train_step(self) -> None:
+    def _train_step(self) -> Decision:
+        """One optimizer step; returns the control decision for the boundary after it."""
         start = time.perf_counter()
         inputs, targets = self.batches.batch(self.step)
-        loss = self.engine.step(inputs, targets)
+        local_loss = self.engine.step(inputs, targets)
+        loss, decision = self.control.reduce_step(local_loss, self.batches.layout.world_size)
         elapsed = time.perf_counter() - start
         if self.hooks.trace_dir is not None:
             self._trace(loss)
@@ -183,6 +185,7 @@ class Trainer:
                 target_steps=self.target,
             )
         )
+        return decision
 
     def _checkpoint(self) -> None:
         stall = self.checkpointer.save(self.step, self._snapshot)

@@ -12,7 +12,7 @@ persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_P
 (a path: each persist waits for that file to exist before it serialises anything),
 ``RINGMASTER_TEST_TRACE``
 (a directory for per-rank step traces with sample ids) and ``RINGMASTER_BENCH_NO_CONTROL=1``
-(skip the step-boundary broadcast, to measure its cost).
+(no step-boundary control word, to measure its cost).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _hooks(env: Mapping[str, str]) -> Hooks:
         persist_delay_s=float(env.get("RINGMASTER_TEST_PERSIST_DELAY_S", "0")),
         persist_gate=Path(gate) if gate else None,
         trace_dir=Path(trace) if trace else None,
-        control_broadcast=env.get("RINGMASTER_BENCH_NO_CONTROL") != "1",
+        control_word=env.get("RINGMASTER_BENCH_NO_CONTROL") != "1",
     )
 
 
@@ -170,7 +170,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             persist_gate=hooks.persist_gate,
         )
         termination.on_sigterm(checkpointer.discard_staging)
-        control = StepControl(launch.rank, device, link, enabled=hooks.control_broadcast)
+        control = StepControl(launch.rank, device, link, enabled=hooks.control_word)
         trainer = Trainer(launch.spec, engine, batches, checkpointer, control, link, log, hooks)
         trainer.resume()
         outcome = trainer.run()
