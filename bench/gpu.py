@@ -16,7 +16,9 @@
    10 steps against bf16;
 4. checkpoint stall: the real ``trainer.checkpoint.Checkpointer`` (world size 1) on the
    model's and AdamW's state (~16 GB): the blocking snapshot against a whole synchronous
-   save (durable dir under /tmp, deleted afterwards).
+   save (durable dir under /tmp, deleted afterwards), first through the DeepSpeed
+   engine's host-buffer capture, then (time permitting) the DDP/FSDP engines' DCP
+   ``async_save`` with pinned staging.
 
 Prints one table at the end and writes it as JSON to ``$OUT/gpu_bench.json`` (``$OUT``
 unset: ``./gpu_bench.json``), rewritten after every section. Past the deadline (--deadline,
@@ -162,7 +164,7 @@ def table(result: dict[str, Any]) -> str:
         return str(v)
 
     rows = [("settings", k, fmt(v)) for k, v in result["settings"].items()]
-    for section in ("env", "throughput", "loss_agreement", "checkpoint"):
+    for section in ("env", "throughput", "loss_agreement", "checkpoint", "checkpoint_dcp"):
         value = result.get(section)
         if isinstance(value, dict):
             rows += [(section, k, fmt(v)) for k, v in value.items()]
@@ -233,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
         result["loss_agreement"] = section(
             "loss_agreement", loss_agreement, result["throughput"], args.loss_window, instant=True
         )
-        root = args.ckpt_root / f"run-{os.getpid()}"
-        try:
-            result["checkpoint"] = section(
-                "checkpoint", checkpoint_stall, run, root, args.ckpt_repeats, deadline
-            )
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+        for name, dcp in (("checkpoint", False), ("checkpoint_dcp", True)):
+            root = args.ckpt_root / f"run-{os.getpid()}-{name}"
+            try:
+                result[name] = section(
+                    name, checkpoint_stall, run, root, args.ckpt_repeats, deadline, dcp
+                )
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
     finally:
         nvml.close()
         save()

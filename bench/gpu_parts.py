@@ -273,12 +273,19 @@ def filesystem(path: Path) -> str:
     return best[1]
 
 
-def checkpoint_stall(run: Run, root: Path, repeats: int, deadline: float) -> dict[str, Any]:
+def checkpoint_stall(
+    run: Run, root: Path, repeats: int, deadline: float, dcp: bool = False
+) -> dict[str, Any]:
     """The real Checkpointer (world size 1) on the model's and AdamW's state after one bf16
-    step: seconds the loop is blocked (snapshot into reused host buffers) against the whole
-    save done synchronously (snapshot, serialise, sha256, fsync, manifest)."""
+    step: seconds the loop is blocked against the whole save done synchronously (snapshot,
+    write, sha256, fsync, manifest). ``dcp``: the DDP/FSDP engines' path (DCP
+    ``async_save`` staging into pinned host buffers, on a one-rank gloo group); else the
+    DeepSpeed engine's capture (state dicts copied into reused host buffers, torch.save)."""
+    import torch.distributed as dist
+
     from trainer import durable
     from trainer.checkpoint import Checkpointer, Coordination, HostBuffers, default_staging_dir
+    from trainer.dcp_async import DcpState
 
     model, autocast = build("bf16", run)
     optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr)
@@ -289,13 +296,24 @@ def checkpoint_stall(run: Run, root: Path, repeats: int, deadline: float) -> dic
     optimizer.step()  # creates exp_avg and exp_avg_sq
     buffers = HostBuffers()
     shard, trainer_file = durable.shard_name(0), durable.trainer_file(0)
+    if dcp and not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dcp_state = DcpState(model, optimizer, None) if dcp else None
 
     def stage(directory: Path, target: Path) -> dict[str, Any]:  # Trainer._snapshot
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        return {shard: buffers.copy(state, shard), trainer_file: {"step": 1, "rng": rng}}
+        step = {trainer_file: {"step": 1, "rng": rng}}
+        if dcp_state is not None:
+            return {**dcp_state.snapshot(target), **step}
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        return {shard: buffers.copy(state, shard), **step}
+
+    def state_bytes(step_dir: Path) -> int:
+        manifest = durable.read_manifest(step_dir)
+        assert manifest is not None
+        return sum(e.size for n, e in manifest.files.items() if n != trainer_file)
 
     staging = default_staging_dir("gpu-bench", root)
     ckpt = Checkpointer(root / "ckpt", staging, Coordination(), keep=1, engine="ddp")
@@ -307,7 +325,7 @@ def checkpoint_stall(run: Run, root: Path, repeats: int, deadline: float) -> dic
             if time.monotonic() + 1.5 * full[-1] > deadline:
                 break
             previous = root / "ckpt" / durable.step_dir_name(step - 1)
-            if shutil.disk_usage(root).free < 1.5 * durable.hash_file(previous / shard).size:
+            if shutil.disk_usage(root).free < 1.5 * state_bytes(previous):
                 shutil.rmtree(previous)  # keep=1 would prune it only after the next commit
                 predeleted += 1
         start = time.monotonic()
@@ -317,12 +335,15 @@ def checkpoint_stall(run: Run, root: Path, repeats: int, deadline: float) -> dic
         if ckpt.durable_step != step:
             raise RuntimeError(f"checkpoint step {step} did not become durable")
     ckpt.close()
-    size = (root / "ckpt" / durable.step_dir_name(len(full)) / shard).stat().st_size
+    size = state_bytes(root / "ckpt" / durable.step_dir_name(len(full)))
+    if dcp_state is not None:
+        dcp_state.close()
     free_gb = shutil.disk_usage(root).free / 1e9
     b, f = statistics.median(blocked[1:] or blocked), statistics.median(full[1:] or full)
     return {
         "state_gb": size / 1e9,
-        "host_buffers_gb": buffers.nbytes / 1e9,
+        "path": "dcp" if dcp else "host buffers",
+        "host_buffers_gb": buffers.nbytes / 1e9 if not dcp else None,
         "first_blocked_s": blocked[0],
         "first_full_s": full[0],
         "blocked_s": b,

@@ -25,7 +25,8 @@ def test_gpu_bench_smoke_writes_every_section(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_bench.json").read_text())
 
-    assert result["status"] == dict.fromkeys((*SECTIONS, "loss_agreement", "checkpoint"), "ok")
+    checkpoints = ("checkpoint", "checkpoint_dcp")
+    assert result["status"] == dict.fromkeys((*SECTIONS, "loss_agreement", *checkpoints), "ok")
     assert result["settings"]["smoke"] is True
     assert result["env"]["torch"] and "nvml" in result["env"]
     for mode in SECTIONS[1:]:
@@ -37,6 +38,8 @@ def test_gpu_bench_smoke_writes_every_section(tmp_path: Path) -> None:
     for mode in SECTIONS[2:]:
         agreement = result["loss_agreement"][mode]
         assert 0 <= agreement["max_abs_delta"] < 0.1  # same weights, same data
-    ckpt = result["checkpoint"]
-    assert ckpt["blocked_s"] > 0 and ckpt["ratio"] > 0 and ckpt["state_gb"] > 0
+    for name, path in zip(checkpoints, ("host buffers", "dcp"), strict=True):
+        ckpt = result[name]
+        assert ckpt["path"] == path
+        assert ckpt["blocked_s"] > 0 and ckpt["ratio"] > 0 and ckpt["state_gb"] > 0
     assert "skipped" not in proc.stdout and "elapsed_s" in proc.stdout  # the final table
