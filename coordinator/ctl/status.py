@@ -72,7 +72,14 @@ def render(console: Console, data: Any, job_id: str | None) -> None:
         nvme = " ".join(f"{v:.0f}" for v in tel["nvme_latency_us"].values()) or "-"
         temps = " ".join(f"{g['temp_c']:.0f}" for g in tel["gpus"] if g.get("temp_c")) or "-"
         clock = f"{tel['clock_offset_ms']:.2f}" if tel.get("clock_offset_ms") is not None else "-"
-        faults = "; ".join(n["faults"].values()) or n.get("drain_reason") or ""
+        # why a node is not ready: faults seen by the coordinator, else the agent's own
+        # (a failed preflight, a degraded link), else why it drains
+        faults = (
+            "; ".join(n["faults"].values())
+            or ", ".join(tel.get("faults", []))
+            or n.get("drain_reason")
+            or ""
+        )
         table.add_row(
             n["id"],
             _state(n["state"]),
