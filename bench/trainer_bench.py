@@ -1,7 +1,8 @@
 """Trainer benchmarks on this machine's CPU (not a test): throughput and the cost of the
 step-boundary control word (checkpoint stalls: ``bench/checkpoint_bench.py``).
 
-    .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400]
+    .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400] [--control-rounds 6]
+        [--parts throughput control exchange]
 
 Throughput and control cost run the real worker as 2 gloo ranks (one thread each) and
 read its progress through a fake agent; the isolated exchange timing calls the real
@@ -110,68 +111,102 @@ def throughput(root: Path, steps: int) -> None:
             print(f"{label:34} {tps:9.0f} tokens/s (global)   {step_ms:6.1f} ms/step")
 
 
-def control_cost(root: Path, steps: int, rounds: int = 2) -> None:
+def control_cost(root: Path, steps: int, rounds: int) -> None:
     """Wall time between consecutive StepDone reports (the step plus its boundary), on a
     small step (micro_batch 2 x seq 32) so the control word's share is as visible as it
     gets. Without it (``RINGMASTER_BENCH_NO_CONTROL=1``) rank 0 folds no words and no
     boundary broadcasts; the loss is still averaged over the ranks, as any trainer does.
-    Runs alternate with and without, to spread out machine noise."""
-    gaps: dict[str, list[float]] = {"with": [], "without": []}
+    Each round runs the job once with and once without, back to back; whole runs differ by
+    several percent on this machine whatever they do, so the figure is the median over the
+    rounds of each round's ratio of median steps."""
     small = msgspec.structs.replace(
         spec("fp32", steps),
         train=msgspec.structs.replace(spec("fp32", steps).train, micro_batch_size=2, seq_len=32),
     )
+    ratios, medians = [], []
     for i in range(rounds):
+        step_s = {}
         for label, env in (("with", {}), ("without", {"RINGMASTER_BENCH_NO_CONTROL": "1"})):
             done = run_job(root / f"control-{label}-{i}", small, env)[steps // 5 :]
-            gaps[label] += [b.time - a.time for a, b in itertools.pairwise(done)]
-    with_s, without_s = (statistics.median(gaps[k]) for k in ("with", "without"))
+            step_s[label] = statistics.median(b.time - a.time for a, b in itertools.pairwise(done))
+        ratios.append(step_s["with"] / step_s["without"])
+        medians.append(step_s["with"])
     print(
-        f"step time with the control word / without: {with_s / without_s:.3f} "
-        f"({1000 * with_s:.2f} ms / {1000 * without_s:.2f} ms median, tiny fp32, "
-        f"micro_batch 2 x seq 32, {rounds} x {steps} steps each)"
+        f"step time with the control word / without: {statistics.median(ratios):.3f} "
+        f"(median of {rounds} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; "
+        f"{1000 * statistics.median(medians):.2f} ms a step with it; tiny fp32, "
+        f"micro_batch 2 x seq 32, {steps} steps a run)"
     )
 
 
 def _exchange_loop(rank: int, port: int, calls: int, out: Any) -> None:
-    """One rank of the isolated control-exchange timing (run under torch.multiprocessing)."""
+    """One rank of the isolated control timings (run under torch.multiprocessing): the
+    boundary broadcast, and the step-end all-reduce with and without the word, in
+    alternating blocks so drift hits both alike. Rank 0 drains a real (unconnected)
+    AgentLink, as in a job."""
     import torch.distributed as dist
+
+    from trainer.agent_link import AgentLink
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
-    control = StepControl(rank, torch.device("cpu"), None)
-    for _ in range(100):
-        control.exchange()  # warm-up
-    start = time.perf_counter()
-    for _ in range(calls):
-        control.exchange()
+    link = AgentLink(Path(tempfile.gettempdir()) / "unused.sock", "bench") if rank == 0 else None
+    cpu = torch.device("cpu")
+    control = StepControl(rank, cpu, link)
+    variants = {"with": control, "without": StepControl(rank, cpu, link, enabled=False)}
+    loss = torch.tensor(2.5)
+
+    def timed(fn: Any, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return time.perf_counter() - start
+
+    timed(control.exchange, 100)  # warm-up
+    broadcast = timed(control.exchange, calls) / calls
+    totals = dict.fromkeys(variants, 0.0)
+    for _ in range(10):
+        for name, variant in variants.items():
+            totals[name] += timed(lambda v=variant: v.reduce_step(loss, WORLD), calls // 10)
     if rank == 0:
-        out.put((time.perf_counter() - start) / calls)
+        out.put((broadcast, totals["with"] / calls, totals["without"] / calls))
     dist.destroy_process_group()
 
 
 def exchange_cost(calls: int = 5000) -> None:
-    """The step-boundary exchange alone: StepControl.exchange() back to back on 2 ranks."""
+    """The control word's cost isolated on 2 ranks: the boundary broadcast (first boundary
+    and while paused) and what the word adds to each step's loss all-reduce."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
     mp.spawn(_exchange_loop, args=(free_port(), calls, out), nprocs=WORLD)
-    print(f"one control exchange (3-int64 gloo broadcast), isolated: {1e6 * out.get():.0f} µs")
+    broadcast, with_word, without = out.get()
+    print(
+        f"boundary broadcast (3-int64 gloo), isolated: {1e6 * broadcast:.0f} µs; step-end "
+        f"all-reduce with the word {1e6 * with_word:.0f} µs, without {1e6 * without:.0f} µs "
+        f"-> the word adds {1e6 * (with_word - without):.1f} µs a step"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60, help="steps per throughput run")
     parser.add_argument("--control-steps", type=int, default=400)
+    parser.add_argument("--control-rounds", type=int, default=6)
+    parts = ("throughput", "control", "exchange")
+    parser.add_argument("--parts", nargs="+", choices=parts, default=list(parts))
     args = parser.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp(prefix="trainer-bench-"))
     try:
-        throughput(root, args.steps)
-        control_cost(root, args.control_steps)
-        exchange_cost()
+        if "throughput" in args.parts:
+            throughput(root, args.steps)
+        if "control" in args.parts:
+            control_cost(root, args.control_steps, args.control_rounds)
+        if "exchange" in args.parts:
+            exchange_cost()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
