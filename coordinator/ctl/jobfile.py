@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 
 from proto.job import JobSpec
 
@@ -99,7 +100,23 @@ def describe(error: str, raw: dict[str, Any]) -> str:
     value = _lookup(raw, key)
     shown = f" = {value!r}" if value is not _MISSING else ""
     detail = msg[0].lower() + msg[1:] if msg else "invalid"
+    if msg.startswith("Invalid enum value") and (choices := _choices(key)):
+        detail = "expected one of " + ", ".join(repr(c) for c in choices)
     return f"{key or 'job file'}{shown}: {detail}"
+
+
+def _choices(key: str) -> list[Any] | None:
+    """The values a ``Literal`` key of the job file allows, from JobSpec's own types."""
+    info: Any = msgspec.inspect.type_info(JobSpec)
+    for part in key.split("."):
+        fields = {f.name: f.type for f in getattr(info, "fields", ())}
+        if part not in fields:
+            return None
+        info = fields[part]
+    if isinstance(info, msgspec.inspect.UnionType):  # e.g. an optional literal
+        literals = [t for t in info.types if isinstance(t, msgspec.inspect.LiteralType)]
+        info = literals[0] if literals else info
+    return list(info.values) if isinstance(info, msgspec.inspect.LiteralType) else None
 
 
 _MISSING = object()

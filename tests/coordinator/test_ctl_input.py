@@ -66,6 +66,10 @@ def coordinator(nats_server: NatsServer, tmp_path: Path) -> Iterator[str]:
         (GOOD.replace("steps = 5", 'steps = "five"'), "train.steps = 'five': expected `int`"),
         (GOOD.replace("steps = 5", "steps = -5"), "train.steps = -5: expected `int` >= 1"),
         (GOOD.replace("nodes = 1", "nodes = 1.5"), "job.nodes = 1.5"),
+        (
+            GOOD + 'engine = "fsdpp"\n',
+            "train.engine = 'fsdpp': expected one of 'ddp', 'deepspeed', 'fsdp'",
+        ),
         ("[train]\nsteps = 5\n", "missing required key 'job'"),
         ("[job\nname=", "not valid TOML"),
     ],
