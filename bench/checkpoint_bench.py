@@ -2,6 +2,7 @@
 synchronously (not a test).
 
     .venv/bin/python bench/checkpoint_bench.py [--sizes-mb 200 600] [--repeats 3]
+        [--ddp-preset 125m] [--ddp-rounds 2]
 
 Per state size (parameters + AdamW's two moments, fp32), in one process with a one-rank
 gloo group, through the real :class:`trainer.checkpoint.Checkpointer`:
@@ -15,11 +16,16 @@ gloo group, through the real :class:`trainer.checkpoint.Checkpointer`:
 
 The first checkpoint of each path allocates its host buffers; it is shown apart and left
 out of the medians, as it happens once per run.
+
+Last, two real DDP ranks (the worker on the ``--ddp-preset`` model): each rank's blocked
+time when it stages only its share of the replicated state against every rank staging all
+of it.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import statistics
 import tempfile
@@ -28,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -117,10 +124,40 @@ def host_buffers_path(root: Path, megabytes: int, repeats: int) -> None:
     report("host buffers", size, first, blocked, full)
 
 
+def ddp_ranks(root: Path, preset: str, rounds: int) -> None:
+    """Two real DDP ranks (the worker, checkpoint every 2 steps): what each rank's loop is
+    blocked for when it stages only its share of the replicated state, against every rank
+    staging all of it (``RINGMASTER_BENCH_DDP_STAGE_ALL=1``), alternating in one run."""
+    from trainer_bench import WORLD, run_job, spec
+
+    job = spec("fp32", 8, "ddp")
+    train = msgspec.structs.replace(job.train, model=preset, micro_batch_size=1, seq_len=64)
+    job = msgspec.structs.replace(
+        job, train=train, checkpoint=msgspec.structs.replace(job.checkpoint, every_steps=2)
+    )
+    stalls: dict[str, list[float]] = {"share": [], "all": []}
+    for i in range(rounds):
+        for label, env in (("share", {}), ("all", {"RINGMASTER_BENCH_DDP_STAGE_ALL": "1"})):
+            workdir = root / f"ddp-{label}-{i}"
+            run_job(workdir, job, env)
+            for rank in range(WORLD):
+                log = (workdir / f"rank-{rank}.log").read_text()
+                staged = re.findall(r" event=checkpoint_staged .*?stall_s=(\S+)", log)
+                stalls[label] += [float(x) for x in staged[1:]]  # the first one allocates
+    share, whole = (statistics.median(stalls[k]) for k in ("share", "all"))
+    print(
+        f"DDP, {WORLD} ranks, {preset} preset: blocked {share:.3f} s staging its share vs "
+        f"{whole:.3f} s staging all -> {share / whole:.2f} (median over ranks and "
+        f"{len(stalls['share'])} checkpoints)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[200, 600])
     parser.add_argument("--repeats", type=int, default=3, help="checkpoints per size and path")
+    parser.add_argument("--ddp-preset", default="125m", help="model of the 2-rank DDP part")
+    parser.add_argument("--ddp-rounds", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -130,6 +167,7 @@ def main() -> None:
         for megabytes in args.sizes_mb:
             dcp_path(root, megabytes, args.repeats)
             host_buffers_path(root, megabytes, args.repeats)
+        ddp_ranks(root, args.ddp_preset, args.ddp_rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         dist.destroy_process_group()

@@ -38,7 +38,8 @@ WORLD = 2
 
 
 def run_job(workdir: Path, spec: JobSpec, env: dict[str, str]) -> list[StepDone]:
-    """Run ``spec`` as WORLD local ranks; the StepDone messages rank 0 reported."""
+    """Run ``spec`` as WORLD local ranks (logs in ``workdir/rank-<r>.log``); the StepDone
+    messages rank 0 reported."""
     workdir.mkdir(parents=True)
     (workdir / "spec.json").write_bytes(msgspec.json.encode(spec))
     agent = FakeAgent(workdir / "agent.sock")
@@ -47,7 +48,7 @@ def run_job(workdir: Path, spec: JobSpec, env: dict[str, str]) -> list[StepDone]
         subprocess.Popen(
             [sys.executable, "-m", "trainer.worker"],
             cwd=REPO,
-            stderr=subprocess.DEVNULL,
+            stderr=(workdir / f"rank-{rank}.log").open("wb"),
             env={
                 **os.environ,
                 **env,

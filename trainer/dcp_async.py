@@ -6,9 +6,10 @@ Stage 1 (the loop waits): ``async_save`` copies the state into host memory throu
 buffers are allocated on the first checkpoint and reused by every later one (pinned, with
 non-blocking copies, on CUDA). Stage 2 (DCP's upload thread): plan and write
 ``step-<N>/dcp/`` straight into the durable dir, fsynced; each rank writes the
-``__<rank>_*.distcp`` files of the tensors DCP assigned it (replicated DDP tensors are
-written once, by one rank), rank 0 the ``.metadata``. The checkpointer's persist thread
-waits for that, hashes the files in place and seals the step as for every engine.
+``__<rank>_*.distcp`` files of its tensors (under DDP, where every rank holds the same
+state, each stages and writes only its share of it), rank 0 the ``.metadata``. The
+checkpointer's persist thread waits for that, hashes the files in place and seals the
+step as for every engine.
 
 Three things go wrong without this module:
 
@@ -108,21 +109,47 @@ def async_save(
     return future
 
 
+def replicated_share(state: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """The part of a replicated (DDP) model + optimizer state that ``rank`` saves: the
+    parameters and their optimizer state dealt out over the ranks by size (greedy, largest
+    first, the same on every rank), so each rank stages and writes about 1/world of it
+    instead of all of it; anything else stays on every rank (DCP keeps one copy)."""
+    model, optimizer = state["model"], state["optimizer"]
+    sizes = {
+        fqn: t.numel() * t.element_size() for fqn, t in model.items() if isinstance(t, torch.Tensor)
+    }
+    loads = [0] * world_size
+    owner: dict[str, int] = {}
+    for fqn in sorted(sizes, key=lambda f: (-sizes[f], f)):
+        owner[fqn] = min(range(world_size), key=lambda r: (loads[r], r))
+        loads[owner[fqn]] += sizes[fqn]
+
+    def kept(entries: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in entries.items() if owner.get(k, rank) == rank}
+
+    return {"model": kept(model), "optimizer": {**optimizer, "state": kept(optimizer["state"])}}
+
+
 class DcpState:
     """One rank's model and optimizer, saved and loaded as a DCP checkpoint (any layout:
     plain replicated tensors under DDP, DTensor shards under FSDP2). DCP reshards on load,
-    so a job resumes with another world size."""
+    so a job resumes with another world size. ``replicated``: every rank holds the same
+    state (DDP), so each saves only its :func:`replicated_share` — with 8 ranks a node,
+    staging the whole state on each would hold 8 copies in host memory."""
 
     def __init__(
         self,
         module: nn.Module,
         optimizer: torch.optim.Optimizer,
         group: dist.ProcessGroup | None,
+        replicated: bool = False,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.group = group
         self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.replicated = replicated
         cuda = torch.cuda.is_available()
         self.stager = DefaultStager(
             StagingOptions(
@@ -140,7 +167,10 @@ class DcpState:
     def snapshot(self, target: Path) -> dict[str, Any]:
         """Stage the state and start writing it to ``target/dcp``; the checkpointer hashes
         this rank's files once they are written."""
-        future = async_save(self._state(), target / DCP_DIR, self.group, self.stager)
+        state = self._state()
+        if self.replicated:
+            state = replicated_share(state, self.rank, self.world_size)
+        future = async_save(state, target / DCP_DIR, self.group, self.stager)
 
         def written() -> list[str]:
             metadata = future.result()

@@ -71,6 +71,7 @@ class TorchEngine(DcpCheckpoints):
         autocast: Callable[[], contextlib.AbstractContextManager[object]],
         device: torch.device,
         checkpoint_group: dist.ProcessGroup | None,
+        replicated: bool,
     ) -> None:
         self.module = module
         self.wrapped = wrapped
@@ -78,7 +79,7 @@ class TorchEngine(DcpCheckpoints):
         self.grad_clip = train.grad_clip
         self.autocast = autocast
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=train.lr)
-        self.state = DcpState(module, self.optimizer, checkpoint_group)
+        self.state = DcpState(module, self.optimizer, checkpoint_group, replicated)
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -96,9 +97,10 @@ class TorchEngine(DcpCheckpoints):
 
 
 class DDPEngine(TorchEngine):
-    """DistributedDataParallel. Parameters and optimizer state are replicated: DCP writes
-    each tensor once, spread over the ranks, and a job resumed with another world size
-    loads the same state."""
+    """DistributedDataParallel. Parameters and optimizer state are replicated: each rank
+    stages and writes only its share of them (:func:`trainer.dcp_async.replicated_share`),
+    and a job resumed with another world size loads the same state. ``share=False`` (a
+    benchmark's baseline only) has every rank stage all of it."""
 
     name = "ddp"
 
@@ -111,10 +113,11 @@ class DDPEngine(TorchEngine):
         rank: int,
         world_size: int,
         checkpoint_group: dist.ProcessGroup | None = None,
+        share: bool = True,
     ) -> None:
         module = module.to(device)
         ddp = DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None
         )
         autocast = autocast_context(precision, device)
-        super().__init__(module, ddp, train, autocast, device, checkpoint_group)
+        super().__init__(module, ddp, train, autocast, device, checkpoint_group, replicated=share)

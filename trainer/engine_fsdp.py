@@ -66,7 +66,9 @@ class FSDPEngine(TorchEngine):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(module, mesh=mesh, mp_policy=policy)
         self.float8_all_gather = _float8_all_gather(module)
-        super().__init__(module, module, train, autocast, device, checkpoint_group)
+        super().__init__(
+            module, module, train, autocast, device, checkpoint_group, replicated=False
+        )
 
     def after_optimizer_step(self) -> None:
         if self.float8_all_gather:  # one pass computes every weight's float8 scale

@@ -39,6 +39,7 @@ class Hooks:
     persist_gate: Path | None = None  # persists wait for this file before serialising
     trace_dir: Path | None = None  # per-rank JSON lines: step, sample ids, loss
     control_word: bool = True
+    ddp_share: bool = True  # False: each DDP rank stages the whole state (baseline)
 
 
 class ResumeError(Exception):

@@ -11,8 +11,10 @@ Hooks for tests and benchmarks only: ``RINGMASTER_TEST_PERSIST_DELAY_S`` (second
 persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_PERSIST_GATE``
 (a path: each persist waits for that file to exist before it serialises anything),
 ``RINGMASTER_TEST_TRACE``
-(a directory for per-rank step traces with sample ids) and ``RINGMASTER_BENCH_NO_CONTROL=1``
-(no step-boundary control word, to measure its cost).
+(a directory for per-rank step traces with sample ids), ``RINGMASTER_BENCH_NO_CONTROL=1``
+(no step-boundary control word, to measure its cost) and
+``RINGMASTER_BENCH_DDP_STAGE_ALL=1`` (every DDP rank stages the whole state, the baseline
+its share is measured against).
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def _hooks(env: Mapping[str, str]) -> Hooks:
         persist_gate=Path(gate) if gate else None,
         trace_dir=Path(trace) if trace else None,
         control_word=env.get("RINGMASTER_BENCH_NO_CONTROL") != "1",
+        ddp_share=env.get("RINGMASTER_BENCH_DDP_STAGE_ALL") != "1",
     )
 
 
@@ -101,7 +104,7 @@ def _init_process_group(launch: Launch, device: torch.device) -> Coordination:
 
 
 def _engine(
-    launch: Launch, model: torch.nn.Module, device: torch.device, coord: Coordination
+    launch: Launch, model: torch.nn.Module, device: torch.device, coord: Coordination, hooks: Hooks
 ) -> Engine:
     train = launch.spec.train
     args = (model, train, train.precision, device, launch.rank, launch.world_size)
@@ -113,7 +116,7 @@ def _engine(
         from trainer.engine_fsdp import FSDPEngine
 
         return FSDPEngine(*args, checkpoint_group=coord.group)
-    return DDPEngine(*args, checkpoint_group=coord.group)
+    return DDPEngine(*args, checkpoint_group=coord.group, share=hooks.ddp_share)
 
 
 def _with_micro_batch(launch: Launch, size: int) -> Launch:
@@ -146,7 +149,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
                 launch = _with_micro_batch(launch, size)
                 train = launch.spec.train
                 batches = _batches(launch, cfg)
-        engine = _engine(launch, model, device, coord)
+        engine = _engine(launch, model, device, coord, hooks)
         log(
             "model",
             preset=train.model,

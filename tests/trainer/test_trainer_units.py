@@ -219,3 +219,26 @@ def test_fp8_runs_bf16_around_the_float8_linears_on_cuda_only() -> None:
     assert isinstance(on_gpu, torch.autocast) and on_gpu.fast_dtype == torch.bfloat16
     assert not isinstance(autocast_context("fp8", torch.device("cpu"))(), torch.autocast)
     assert autocast_context("bf16", torch.device("cpu"))().fast_dtype == torch.bfloat16  # type: ignore[attr-defined]
+
+
+def test_replicated_share_deals_every_parameter_to_one_rank_with_its_optimizer_state() -> None:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from trainer.dcp_async import replicated_share
+
+    model = GPT(get_preset("tiny"))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randint(0, 256, (1, 8))).sum().backward()
+    optimizer.step()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optimizer": optim_sd}
+    shares = [replicated_share(state, rank, 3) for rank in range(3)]
+    owners = [set(share["model"]) for share in shares]
+    assert set().union(*owners) == set(model_sd)  # every parameter saved ...
+    assert sum(len(o) for o in owners) == len(model_sd)  # ... by exactly one rank
+    for share, own in zip(shares, owners, strict=True):
+        assert set(share["optimizer"]["state"]) <= own  # moments travel with their weight
+        assert share["optimizer"]["param_groups"] == optim_sd["param_groups"]
+    sizes = [sum(t.numel() for t in share["model"].values()) for share in shares]
+    assert max(sizes) < 0.5 * sum(sizes)  # about a third each, not all on one rank
+    assert replicated_share(state, 0, 1)["model"].keys() == model_sd.keys()
