@@ -44,11 +44,12 @@ def run_job(workdir: Path, spec: JobSpec, env: dict[str, str]) -> list[StepDone]
     (workdir / "spec.json").write_bytes(msgspec.json.encode(spec))
     agent = FakeAgent(workdir / "agent.sock")
     port = free_port()
+    logs = [(workdir / f"rank-{rank}.log").open("wb") for rank in range(WORLD)]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "trainer.worker"],
             cwd=REPO,
-            stderr=(workdir / f"rank-{rank}.log").open("wb"),
+            stderr=logs[rank],
             env={
                 **os.environ,
                 **env,
@@ -68,7 +69,10 @@ def run_job(workdir: Path, spec: JobSpec, env: dict[str, str]) -> list[StepDone]
         for rank in range(WORLD)
     ]
     agent.wait_for(Finished, timeout=600)
-    if [p.wait(60) for p in procs] != [0] * WORLD:
+    codes = [p.wait(60) for p in procs]
+    for log in logs:
+        log.close()
+    if codes != [0] * WORLD:
         raise SystemExit(f"benchmark job in {workdir} failed")
     agent.close()
     return agent.of(StepDone)
@@ -185,7 +189,7 @@ def exchange_cost(calls: int = 5000) -> None:
     mp.spawn(_exchange_loop, args=(free_port(), calls, out), nprocs=WORLD)
     broadcast, with_word, without = out.get()
     print(
-        f"boundary broadcast (3-int64 gloo), isolated: {1e6 * broadcast:.0f} µs; step-end "
+        f"boundary broadcast (3-float64 gloo), isolated: {1e6 * broadcast:.0f} µs; step-end "
         f"all-reduce with the word {1e6 * with_word:.0f} µs, without {1e6 * without:.0f} µs "
         f"-> the word adds {1e6 * (with_word - without):.1f} µs a step"
     )

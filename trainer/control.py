@@ -83,25 +83,26 @@ class StepControl:
         ``wait_s`` for a word when none is pending (the paused cadence)."""
         if not self.enabled:
             return NOTHING
-        word = torch.zeros(3, dtype=torch.int64, device=self.device)
-        if self.rank == 0:
-            decision = fold(self._pending(wait_s))
-            word[0], word[1], word[2] = decision.action, int(decision.checkpoint), decision.seq
+        word = torch.tensor(self._word(wait_s), dtype=torch.float64, device=self.device)
         dist.broadcast(word, src=0)
-        action, checkpoint, seq = word.tolist()
-        return Decision(Action(action), bool(checkpoint), seq)
+        return _decision(word.tolist())
 
     def reduce_step(self, loss: torch.Tensor, world_size: int) -> tuple[float, Decision]:
         """End of a step, on every rank: one all-reduce gives the loss averaged over the
         ranks and rank 0's decision for the boundary that follows."""
-        vector = torch.zeros(4, dtype=torch.float64, device=loss.device)
+        vector = torch.tensor([0.0, *self._word(0.0)], dtype=torch.float64, device=loss.device)
         vector[0] = loss.detach().to(torch.float64)
-        if self.enabled and self.rank == 0:
-            decision = fold(self._pending(0.0))
-            vector[1], vector[2], vector[3] = decision.action, decision.checkpoint, decision.seq
         dist.all_reduce(vector, op=dist.ReduceOp.SUM)
-        total, action, checkpoint, seq = vector.tolist()
-        return total / world_size, Decision(Action(int(action)), bool(checkpoint), int(seq))
+        total, *word = vector.tolist()
+        return total / world_size, _decision(word)
+
+    def _word(self, wait_s: float) -> list[float]:
+        """Rank 0: the pending words folded into (action, checkpoint, seq); other ranks
+        (and a disabled control) contribute zeros, which is NOTHING."""
+        if not (self.enabled and self.rank == 0):
+            return [0.0, 0.0, 0.0]
+        decision = fold(self._pending(wait_s))
+        return [float(decision.action), float(decision.checkpoint), float(decision.seq)]
 
     def _pending(self, wait_s: float) -> list[ControlWord]:
         if self.link is None:  # nothing can arrive; keep the cadence anyway
@@ -112,3 +113,8 @@ class StepControl:
             with contextlib.suppress(queue.Empty):
                 words = [self.link.controls.get(timeout=wait_s), *self.link.drain()]
         return words
+
+
+def _decision(word: list[float]) -> Decision:
+    action, checkpoint, seq = word
+    return Decision(Action(int(action)), bool(checkpoint), int(seq))

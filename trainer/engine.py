@@ -110,8 +110,6 @@ class DDPEngine(TorchEngine):
         train: TrainSection,
         precision: Precision,
         device: torch.device,
-        rank: int,
-        world_size: int,
         checkpoint_group: dist.ProcessGroup | None = None,
         share: bool = True,
     ) -> None:

@@ -51,12 +51,10 @@ class FSDPEngine(TorchEngine):
         train: TrainSection,
         precision: Precision,
         device: torch.device,
-        rank: int,
-        world_size: int,
         checkpoint_group: dist.ProcessGroup | None = None,
     ) -> None:
         module = module.to(device)
-        mesh = init_device_mesh(device.type, (world_size,))
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # the job's ranks
         policy = MixedPrecisionPolicy()
         autocast = autocast_context(precision, device)
         if device.type == "cuda" and precision in ("bf16", "fp8"):

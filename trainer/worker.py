@@ -107,11 +107,11 @@ def _engine(
     launch: Launch, model: torch.nn.Module, device: torch.device, coord: Coordination, hooks: Hooks
 ) -> Engine:
     train = launch.spec.train
-    args = (model, train, train.precision, device, launch.rank, launch.world_size)
+    args = (model, train, train.precision, device)
     if train.engine == "deepspeed":
         from trainer.engine_deepspeed import DeepSpeedEngine
 
-        return DeepSpeedEngine(*args)
+        return DeepSpeedEngine(*args, launch.rank, launch.world_size)
     if train.engine == "fsdp":
         from trainer.engine_fsdp import FSDPEngine
 
