@@ -38,11 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from coordinator.embedded_nats import start_nats_server  # noqa: E402
-from nodeagent.collectors.clock_peer import serve  # noqa: E402
 from nodeagent.sim.agent_config import to_toml  # noqa: E402
 from proto import subjects  # noqa: E402
 from proto.api import InjectFault  # noqa: E402
 from proto.codec import encode  # noqa: E402
+from ringmaster.clock_responder import serve  # noqa: E402
 
 CLUSTER, NODE = "bench", "node-0"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

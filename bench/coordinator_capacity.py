@@ -58,6 +58,7 @@ from proto import subjects
 from proto.api import SubmitJob
 from proto.codec import api_reply_decoder, command_decoder, encode, job_decoder
 from proto.commands import CommandReply, Launch, Pause, ReservePort, Resume
+from proto.conditions import Condition, ConditionKind
 from proto.events import NvmeLatencyRecovered, NvmeLatencySpike, Severity
 from proto.job import JobSection, JobSpec, JobState
 from proto.node import CollectorStatus, GpuSample, Heartbeat, Telemetry
@@ -280,6 +281,19 @@ class FakeAgents:
 
 
 @dataclass
+def spike_condition(node: str, device: str, latency_us: float, active: bool) -> Condition:
+    """What a real agent's NVMe latch attaches to the spike and recovery events."""
+    return Condition(
+        kind=ConditionKind.NVME_LATENCY,
+        node=node,
+        subject=device,
+        active=active,
+        value=latency_us,
+        threshold=100.0 if active else 50.0,
+        reason=f"{device} at {latency_us:.0f} µs",
+    )
+
+
 class Sample:
     """Readings at one moment of the window."""
 
@@ -592,6 +606,7 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                     latency_us=850.0,
                     threshold_us=100.0,
                     message=f"{device} at 850 µs",
+                    condition=spike_condition(master, device, 850.0, active=True),
                 )
                 key = ("pause", device)
             else:
@@ -602,6 +617,7 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                     threshold_us=50.0,
                     held_s=3.0,
                     message=f"{device} back to 22 µs",
+                    condition=spike_condition(master, device, 22.0, active=False),
                 )
                 key = ("resume", device)
             data, subject = encode(event), event_subject(CLUSTER, event)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from trainer.data import SYNTHETIC, Batches, Layout
@@ -99,8 +100,9 @@ class Nvml:
         nv, opt, h = self.nv, self.optional, self.handle
         out: dict[str, Any] = {"via": self.via}
         if self.collector is not None:
-            values = self.collector.collect(time.time()).values
-            out |= {"driver": values["driver"], **values["gpus"][0]}
+            values = msgspec.to_builtins(self.collector.collect(time.time()))
+            gpu = values["gpus"][0]
+            out |= {"driver": values["driver"], **gpu.pop("identity"), **gpu}
             out["xid_watch"], out["xids"] = values["xid_watch"], values["xids"]
         else:
             out["driver"] = opt(nv.nvmlSystemGetDriverVersion)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Protocol
 
 import msgspec
 from nats.aio.client import Client
@@ -13,6 +14,17 @@ from nats.errors import Error as NatsError
 from proto import subjects
 from proto.codec import encode, reply_decoder
 from proto.commands import CommandBase, CommandReply
+
+
+class CommandSender(Protocol):
+    """What the job manager needs to give orders: :class:`Commander` over NATS, or
+    :class:`coordinator.fake_agents.FakeAgents`' sender in tests."""
+
+    async def send(self, node: str, cmd: CommandBase, timeout: float = 10.0) -> CommandReply: ...
+
+    async def send_all(
+        self, nodes: list[str], make: Callable[[], CommandBase], timeout: float = 10.0
+    ) -> dict[str, CommandReply]: ...
 
 
 class Commander:

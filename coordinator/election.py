@@ -1,6 +1,6 @@
 """Leadership as a handler (:class:`Election`, a small state machine) over a backend (a
-compare-and-set store with revisions: JetStream KV in production, :class:`MemoryCasStore`
-in pure tests; both pass the same contract suite).
+compare-and-set store with revisions (:mod:`coordinator.cas`): JetStream KV in production,
+:class:`~coordinator.cas.MemoryCasStore` in pure tests; both pass the same contract suite).
 
 The lease is one key. The leader renews it by compare-and-set on its revision. A standby
 watches the revision and takes the lease (compare-and-set on the revision it saw) once the
@@ -16,48 +16,12 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 import msgspec
 
+from coordinator.cas import CasStore, Conflict
+
 LEASE_KEY = "leader"
-
-
-class Conflict(Exception):
-    """The compare-and-set lost: the key changed (or exists) since the caller looked."""
-
-
-class CasStore(Protocol):
-    async def get(self, key: str) -> tuple[bytes, int] | None: ...
-    async def create(self, key: str, value: bytes) -> int: ...
-    async def update(self, key: str, value: bytes, last: int) -> int: ...
-
-
-class MemoryCasStore:
-    """In-memory CasStore with one global revision counter, like a JetStream stream."""
-
-    def __init__(self) -> None:
-        self._data: dict[str, tuple[bytes, int]] = {}
-        self._rev = 0
-
-    async def get(self, key: str) -> tuple[bytes, int] | None:
-        return self._data.get(key)
-
-    async def create(self, key: str, value: bytes) -> int:
-        if key in self._data:
-            raise Conflict(key)
-        return self._put(key, value)
-
-    async def update(self, key: str, value: bytes, last: int) -> int:
-        current = self._data.get(key)
-        if current is None or current[1] != last:
-            raise Conflict(key)
-        return self._put(key, value)
-
-    def _put(self, key: str, value: bytes) -> int:
-        self._rev += 1
-        self._data[key] = (value, self._rev)
-        return self._rev
 
 
 class LeaseRecord(msgspec.Struct, kw_only=True):

@@ -1,4 +1,5 @@
-"""JetStream KV as a compare-and-set store (the production backend of the election), and
+"""JetStream KV as a compare-and-set store (the production backend of the election and the
+job records), and
 the bucket/stream set-up every coordinator runs at start (idempotent)."""
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoKeysError,
 )
 from nats.js.kv import KeyValue
 
-from coordinator.election import Conflict
+from coordinator.cas import Conflict
 from proto import subjects
 
 
@@ -43,6 +45,12 @@ class KvCasStore:
             return await self.kv.update(key, value, last=last)
         except KeyWrongLastSequenceError as exc:
             raise Conflict(key) from exc
+
+    async def keys(self) -> list[str]:
+        try:
+            return sorted(await self.kv.keys())
+        except NoKeysError:
+            return []
 
 
 class Buckets:

@@ -25,15 +25,7 @@ from coordinator.registry import NodeInfo, Registry
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
-from proto.events import (
-    EventBase,
-    NodeLost,
-    NvmeLatencyRecovered,
-    NvmeLatencySpike,
-    NvmeReadonly,
-    Severity,
-    kind_of,
-)
+from proto.events import EventBase, NodeLost, Severity, kind_of
 from proto.node import NodeRecord
 
 log = structlog.get_logger()
@@ -138,15 +130,8 @@ class Leadership:
             return
         if kind_of(event).startswith(("job.", "coordinator.")):
             return
-        node = event.node or ""
-        match event:
-            case NvmeLatencySpike(device=dev):
-                self.registry.set_fault(node, f"nvme:{dev}", f"NVMe {dev} latency spike")
-            case NvmeLatencyRecovered(device=dev):
-                self.registry.set_fault(node, f"nvme:{dev}", None)
-            case NvmeReadonly(device=dev, readonly=ro):
-                self.registry.set_fault(node, f"ro:{dev}", f"NVMe {dev} read-only" if ro else None)
-        await self.jobs.on_node_event(event)
+        if event.condition is not None:
+            self.registry.observe_condition(event.condition)
         await self.jobs.on_event(event)
 
     async def _on_progress(self, data: bytes) -> None:
@@ -169,8 +154,8 @@ class Leadership:
         await self.jobs.tick()
 
     async def _write_nodes(self) -> None:
-        """Node records go to KV when what an operator sees changes (state, faults, jobs,
-        health) and otherwise at most every ``NODE_REFRESH_S``: telemetry changes every
+        """Node records go to KV when what an operator sees changes (state, conditions,
+        jobs, drain) and otherwise at most every ``NODE_REFRESH_S``: telemetry changes every
         beat, and 10,000 nodes must not mean 10,000 KV writes a second."""
         wall, mono = time.time(), time.monotonic()
         changed, stale = [], []
@@ -179,11 +164,9 @@ class Leadership:
                 await asyncio.sleep(0)  # let events through: a decision must not wait for us
             key = (
                 node.state,
-                tuple(node.faults),
+                tuple((k, c.severity) for k, c in node.conditions.items()),
                 tuple(node.jobs),
                 node.drain_reason,
-                node.preflight_ok,
-                node.topology_ok,
             )
             written = self._node_written.get(node.id)
             if written is None or written[0] != key:
@@ -246,7 +229,7 @@ def _record(node: NodeInfo, wall: float, mono: float) -> NodeRecord:
         simulated=node.simulated,
         last_seen=round(wall - (mono - node.last_seen), 1),
         telemetry=node.telemetry,
-        faults=node.faults,
+        conditions=sorted(node.conditions.values(), key=lambda c: c.key),
         jobs=node.jobs,
         drain_reason=node.drain_reason,
         preflight_ok=node.preflight_ok,

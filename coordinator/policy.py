@@ -1,27 +1,20 @@
-"""Fault policy: a pure function from (job, event) to actions. No I/O; the service applies
-the actions. Defaults and thresholds come from the job's ``[policy]`` section.
+"""Fault policy: pure functions from (job, condition or event) to actions. No I/O; the job
+manager applies the actions. Thresholds come from the job's ``[policy]`` section.
 
-Pauses are reference-counted by reason: a job is paused while any reason is open (an NVMe
-device in a latency spike, an operator's pause) and resumes when the last one closes, so
-two overlapping faults never resume the job early.
+Conditions (:mod:`proto.conditions`) are what agents latch open and closed and what an
+operator's pause is; the policy answers each opening and closing. Pauses are held by
+condition key: a job is paused while any of its pause reasons is open (an NVMe device in a
+latency spike, an operator's pause) and resumes when the last one closes, so overlapping
+faults never resume the job early. The reasons are computed here and nowhere else: a
+:class:`PauseJob` or :class:`ResumeJob` carries the job's reasons after it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proto.events import (
-    ClockDrift,
-    ClockResynced,
-    EventBase,
-    GpuThermal,
-    NodeLost,
-    NvmeLatencyRecovered,
-    NvmeLatencySpike,
-    NvmeReadonly,
-    SpotNotice,
-    WorkerExited,
-)
+from proto.conditions import Condition, ConditionKind, Severity, condition_key
+from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited
 from proto.job import JobRecord, JobState
 
 LIVE = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PAUSED, JobState.CHECKPOINTING})
@@ -29,14 +22,23 @@ LIVE = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PAUSED, JobState
 
 @dataclass(frozen=True)
 class PauseJob:
+    """Hold the job under ``key``; ``reasons`` is the job's open reasons after it and
+    ``send`` says whether rank 0 must be told (the first reason)."""
+
     key: str
     reason: str
+    reasons: tuple[str, ...]
+    send: bool
 
 
 @dataclass(frozen=True)
 class ResumeJob:
+    """Release ``key``; ``send`` when it was the last reason holding the job."""
+
     key: str
     reason: str
+    reasons: tuple[str, ...]
+    send: bool
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,12 @@ Action = PauseJob | ResumeJob | CheckpointJob | RestartJob | DrainNode | ResyncN
 
 
 def decide(job: JobRecord, event: EventBase) -> list[Action]:
+    """The job's reaction to one event: its condition if it carries one, else its kind."""
+    if event.condition is not None:
+        return on_condition(job, event.condition)
     if job.state not in LIVE or (event.node is not None and event.node not in job.nodes):
         return []
-    pol = job.spec.policy
     match event:
-        case NvmeLatencySpike(node=node, device=dev, latency_us=lat) if lat >= pol.nvme_pause_us:
-            return [PauseJob(f"nvme:{node}:{dev}", f"NVMe {dev} on {node} at {lat:.0f} µs")]
-        case NvmeLatencyRecovered(node=node, device=dev, latency_us=lat):
-            return [ResumeJob(f"nvme:{node}:{dev}", f"NVMe {dev} on {node} back to {lat:.0f} µs")]
         case WorkerExited(attempt=attempt) if attempt != job.attempt or job.stopping:
             return all_exited(job) if job.stopping and attempt == job.attempt else []
         case WorkerExited() if job.finished:
@@ -95,31 +95,83 @@ def decide(job: JobRecord, event: EventBase) -> list[Action]:
                 DrainNode(node, "heartbeat lost"),
                 *_restart_or_fail(job, f"node {node} lost", (node,)),
             ]
-        case NvmeReadonly(node=str(node), device=dev, readonly=True):
-            why = f"NVMe {dev} on {node} turned read-only"
-            return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
-        case SpotNotice(node=str(node), provider=provider):
-            why = f"preemption notice on {node} ({provider})"
-            return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
-        case GpuThermal(node=str(node), temp_c=temp, gpu=gpu, level=level) if (
-            level != "normal" and (level == "critical" or temp >= pol.gpu_critical_c)
-        ):
-            # critical: at the threshold, or a hardware thermal slowdown below it
-            why = f"GPU {gpu} on {node} at {temp:.0f} °C ({', '.join(event.reasons) or level})"
-            return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
         case ClockResynced(node=str(node), ok=False, offset_after_ms=after):
             why = f"clock on {node} still {after:.1f} ms off after a resync"
             return [DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
     return []
 
 
-def decide_node(event: EventBase) -> list[Action]:
-    """Reactions that concern a node whether or not it hosts a job."""
-    match event:
-        case ClockDrift(node=str(node), recovered=False, offset_ms=offset, synced=synced):
-            state = f"{offset:.1f} ms off" if synced else "unsynchronised"
-            return [ResyncNode(node, f"clock {state}")]
+def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
+    """A condition opened or closed (or changed severity while open)."""
+    if job.state.terminal:
+        return []
+    if not cond.active:
+        return _release(job, cond)  # a reason closes whatever state the job is in
+    if cond.kind is ConditionKind.OPERATOR:
+        return _hold(job, cond, "operator request") if cond.job == job.id else []
+    if job.state not in LIVE or cond.node not in job.nodes or cond.node in job.excluded:
+        return []
+    pol, node = job.spec.policy, cond.node
+    match cond.kind:
+        case ConditionKind.NVME_LATENCY if (cond.value or 0.0) >= pol.nvme_pause_us:
+            return _hold(job, cond, f"NVMe {cond.subject} on {node} at {cond.value:.0f} µs")
+        case ConditionKind.NVME_READONLY:
+            return _evacuate(job, node, f"NVMe {cond.subject} on {node} turned read-only")
+        case ConditionKind.PREEMPTION:
+            return _evacuate(job, node, f"preemption notice on {node} ({cond.subject})")
+        case ConditionKind.GPU_THERMAL if (
+            cond.severity is Severity.CRITICAL or (cond.value or 0.0) >= pol.gpu_critical_c
+        ):
+            # critical: at the threshold, or a hardware thermal slowdown below it
+            why = f"GPU {cond.subject} on {node}: {cond.reason or 'critical temperature'}"
+            return _evacuate(job, node, why)
     return []
+
+
+def on_node_condition(cond: Condition) -> list[Action]:
+    """Reactions that concern a node whether or not it hosts a job."""
+    if cond.kind is ConditionKind.CLOCK and cond.active:
+        return [ResyncNode(cond.node, cond.reason or "clock out of bounds")]
+    return []
+
+
+def relaunched(job: JobRecord, active: dict[str, Condition]) -> list[Action]:
+    """A new attempt's ranks start unpaused: reasons whose condition is no longer open
+    (``active``: every open condition on the job's new nodes, by key) are released, and if
+    any reason still holds, rank 0 is told to pause again."""
+    kept = tuple(key for key in job.pause_reasons if key in active or key == operator_key(job.id))
+    actions: list[Action] = [
+        ResumeJob(key, "not on this attempt's nodes", kept, send=False)
+        for key in job.pause_reasons
+        if key not in kept
+    ]
+    if kept:
+        actions.append(PauseJob(kept[0], f"held by {', '.join(kept)}", kept, send=True))
+    return actions
+
+
+def operator_key(job_id: str) -> str:
+    return condition_key(ConditionKind.OPERATOR, job=job_id)
+
+
+def _hold(job: JobRecord, cond: Condition, reason: str) -> list[Action]:
+    if cond.key in job.pause_reasons:
+        return []
+    reasons = (*job.pause_reasons, cond.key)
+    return [PauseJob(cond.key, reason, reasons, send=not job.pause_reasons)]
+
+
+def _release(job: JobRecord, cond: Condition) -> list[Action]:
+    if cond.key not in job.pause_reasons:
+        return []
+    reasons = tuple(r for r in job.pause_reasons if r != cond.key)
+    why = cond.reason or f"{cond.key} closed"
+    return [ResumeJob(cond.key, why, reasons, send=not reasons and job.state in LIVE)]
+
+
+def _evacuate(job: JobRecord, node: str, why: str) -> list[Action]:
+    """Save what can be saved, take the node out, continue without it."""
+    return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
 
 
 def _restart_or_fail(job: JobRecord, reason: str, exclude: tuple[str, ...]) -> list[Action]:
@@ -151,18 +203,3 @@ def overdue(job: JobRecord) -> list[Action]:
             FinishJob(JobState.FAILED, f"ranks exited at step {job.step} of {job.target_steps}")
         ]
     return []
-
-
-def open_reason(reasons: list[str], key: str) -> tuple[list[str], bool]:
-    """Add a pause reason; True when it is the first (the job must be paused now)."""
-    if key in reasons:
-        return reasons, False
-    return [*reasons, key], not reasons
-
-
-def close_reason(reasons: list[str], key: str) -> tuple[list[str], bool]:
-    """Remove a pause reason; True when it was the last (the job may resume now)."""
-    if key not in reasons:
-        return reasons, False
-    remaining = [r for r in reasons if r != key]
-    return remaining, not remaining

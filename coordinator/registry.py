@@ -1,9 +1,17 @@
-"""The node registry, fed by heartbeats and node events. Pure: callers pass the time."""
+"""The node registry, fed by heartbeats and the events that carry conditions. Pure:
+callers pass the time.
+
+A node's conditions are a mirror of its agent's: each heartbeat carries the agent's whole
+active set and replaces the mirror, and an event that opens or closes a condition updates
+it at once, between beats. The agent is the one source of truth; the coordinator adds only
+what it alone can know (a lost heartbeat, a drain).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from proto.conditions import Condition, ConditionKind
 from proto.node import Heartbeat, NodeState, Telemetry
 
 
@@ -17,23 +25,57 @@ class NodeInfo:
     simulated: bool = False
     state: NodeState = NodeState.READY
     last_seen: float = 0.0  # coordinator's monotonic clock
+    beat_sent_at: float = 0.0  # the agent's wall clock when it sent the newest beat
     interval_s: float = 1.0
-    preflight_ok: bool = True
-    topology_ok: bool = True
     telemetry: Telemetry = field(default_factory=Telemetry)
     jobs: list[str] = field(default_factory=list)
-    faults: dict[str, str] = field(default_factory=dict)  # active fault → description
+    conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
     drain_reason: str = ""
+    # the newest change each event brought, by key, until a beat sent after it arrives
+    _news: dict[str, Condition] = field(default_factory=dict, repr=False)
+
+    @property
+    def preflight_ok(self) -> bool:
+        return not any(c.kind is ConditionKind.PREFLIGHT for c in self.conditions.values())
+
+    @property
+    def topology_ok(self) -> bool:
+        return not any(c.kind is ConditionKind.TOPOLOGY for c in self.conditions.values())
 
     @property
     def healthy(self) -> bool:
-        return self.state is NodeState.READY and self.preflight_ok and self.topology_ok
+        return self.state is NodeState.READY
+
+    def why_not_healthy(self) -> str:
+        """The evidence, in words: the open conditions' reasons, else why it drains."""
+        reasons = [c.reason or c.key for c in self.conditions.values()]
+        return "; ".join(reasons) or self.drain_reason
+
+    def _settle(self) -> None:
+        if self.state in (NodeState.READY, NodeState.DEGRADED):
+            self.state = NodeState.DEGRADED if self.conditions else NodeState.READY
 
 
 class Registry:
-    def __init__(self, missed_beats: int = 3) -> None:
+    """``bus_outage_s``: how long the coordinator's own canary may stay away before the
+    bus counts as out (see :meth:`bus_alive`)."""
+
+    def __init__(self, missed_beats: int = 3, bus_outage_s: float = 1.5) -> None:
         self.nodes: dict[str, NodeInfo] = {}
         self.missed_beats = missed_beats
+        self.bus_outage_s = bus_outage_s
+        self._bus_seen: float | None = None  # None: no canary wired, the bus is assumed up
+
+    def bus_alive(self, now: float) -> None:
+        """The coordinator's canary came back through the server. After an outage every
+        node gets a fresh window: none of them could have beaten while the bus was out."""
+        if self._bus_seen is not None and now - self._bus_seen > self.bus_outage_s:
+            for node in self.nodes.values():
+                node.last_seen = max(node.last_seen, now)
+        self._bus_seen = now
+
+    def bus_out(self, now: float) -> bool:
+        return self._bus_seen is not None and now - self._bus_seen > self.bus_outage_s
 
     def observe(self, beat: Heartbeat, now: float) -> tuple[NodeInfo, bool]:
         """Record a heartbeat. Returns the node and whether it is new or back from lost."""
@@ -44,16 +86,51 @@ class Registry:
         node.addr, node.hostname, node.gpus = beat.addr, beat.hostname, beat.gpus
         node.cpus = beat.cpus
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
-        node.preflight_ok, node.topology_ok = beat.preflight_ok, beat.topology_ok
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
-        if node.state in (NodeState.LOST, NodeState.READY, NodeState.DEGRADED):
-            # the agent's own view of what is wrong counts as much as the events seen here
-            faulty = bool(node.faults or beat.telemetry.faults)
-            node.state = NodeState.DEGRADED if faulty else NodeState.READY
+        node.beat_sent_at = beat.sent_at
+        mirror = {c.key: c for c in beat.conditions if c.active}
+        # An event may have overtaken the beat (they travel separately): its change stands
+        # until a beat sent after it says otherwise.
+        for key, news in list(node._news.items()):
+            if news.since <= beat.sent_at:
+                del node._news[key]
+            elif news.active:
+                mirror[key] = news
+            else:
+                mirror.pop(key, None)
+        node.conditions = mirror
+        if node.state is NodeState.LOST:
+            node.state = NodeState.READY
+        node._settle()
         return node, fresh
 
+    def observe_condition(self, cond: Condition) -> None:
+        """An event opened or closed ``cond`` on its node: mirror it now."""
+        node = self.nodes.get(cond.node)
+        if node is None:
+            return
+        if cond.since > node.beat_sent_at:
+            node._news[cond.key] = cond
+        if cond.active:
+            node.conditions[cond.key] = cond
+        else:
+            node.conditions.pop(cond.key, None)
+        node._settle()
+
+    def active(self, nodes: list[str]) -> dict[str, Condition]:
+        """Every open condition on ``nodes``, by key."""
+        return {
+            key: cond
+            for node_id in nodes
+            if (node := self.nodes.get(node_id)) is not None
+            for key, cond in node.conditions.items()
+        }
+
     def sweep(self, now: float) -> list[NodeInfo]:
-        """Mark nodes lost after ``missed_beats`` intervals of silence; return the new ones."""
+        """Mark nodes lost after ``missed_beats`` intervals of silence; return the new ones.
+        While the bus itself is out, silence is no evidence: nobody is marked."""
+        if self.bus_out(now):
+            return []
         lost = []
         for node in self.nodes.values():
             silent = now - node.last_seen
@@ -61,19 +138,6 @@ class Registry:
                 node.state = NodeState.LOST
                 lost.append(node)
         return lost
-
-    def set_fault(self, node_id: str, key: str, description: str | None) -> None:
-        """A fault opened (description) or closed (None) on a node; drives ready/degraded."""
-        node = self.nodes.get(node_id)
-        if node is None:
-            return
-        if description is None:
-            node.faults.pop(key, None)
-        else:
-            node.faults[key] = description
-        if node.state in (NodeState.READY, NodeState.DEGRADED):
-            faulty = bool(node.faults or node.telemetry.faults)
-            node.state = NodeState.DEGRADED if faulty else NodeState.READY
 
     def drain(self, node_id: str, reason: str) -> None:
         node = self.nodes.get(node_id)

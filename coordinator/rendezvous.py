@@ -45,8 +45,8 @@ def _refusal(node: NodeInfo, ranks_per_node: int, busy: set[str], exclude: set[s
     if not node.topology_ok:
         return "GPU topology degraded"
     if not node.healthy:
-        faults = ", ".join(node.faults.values())
-        return f"node is {node.state.value}" + (f" ({faults})" if faults else "")
+        why = node.why_not_healthy()
+        return f"node is {node.state.value}" + (f" ({why})" if why else "")
     if node.gpus and node.gpus < ranks_per_node:
         return f"has {node.gpus} GPUs, job needs {ranks_per_node} per node"
     return ""

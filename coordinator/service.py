@@ -25,15 +25,15 @@ from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets, KvCasStore, bind, ensure_layout
 from coordinator.leader import Leadership
 from coordinator.registry import Registry
-from nodeagent.collectors import clock_peer
 from proto import subjects
 from proto.codec import encode, heartbeat_decoder
 from proto.events import CoordinatorLeader, EventBase
 from proto.node import CoordinatorRecord
-from ringmaster import systemd_notify
+from ringmaster import clock_responder, systemd_notify
 from ringmaster.bus import connect, publish_event
 
 log = structlog.get_logger()
+CANARY_S = 0.5  # the bus counts as out after Registry.bus_outage_s without a canary
 
 
 class Coordinator:
@@ -57,20 +57,26 @@ class Coordinator:
         election = Election(KvCasStore(lease_buckets.leader), self.me, self.ttl)
         self.election = election
         commander = Commander(nc, self.cluster, self.me, lambda: election.epoch)
-        jobs = JobManager(buckets.jobs, commander, self.registry, self.publish)
+        jobs = JobManager(KvCasStore(buckets.jobs), commander, self.registry, self.publish)
 
         async def on_beat(msg: Msg) -> None:
             with contextlib.suppress(msgspec.DecodeError):
                 self.registry.observe(heartbeat_decoder.decode(msg.data), time.monotonic())
 
+        async def on_canary(msg: Msg) -> None:
+            self.registry.bus_alive(time.monotonic())
+
         await beats_nc.subscribe(subjects.heartbeats(self.cluster), cb=on_beat)
+        await beats_nc.subscribe(subjects.canary(self.cluster, self.me), cb=on_canary)
+        canary = asyncio.create_task(self._canary(beats_nc, stop), name="canary")
         # Agents measure their clock offset against the coordinators (NTP-style).
-        await clock_peer.serve(lease_nc, self.cluster)
+        await clock_responder.serve(lease_nc, self.cluster)
         log.info("coordinator running", id=self.me, cluster=self.cluster)
         try:
             async with systemd_notify.service(f"{self.me} running", self._status):
                 await self._elect(stop, nc, js, buckets, jobs, lease_buckets)
         finally:
+            canary.cancel()
             await self._unlead()
             with contextlib.suppress(Exception):
                 await election.release()
@@ -108,6 +114,14 @@ class Coordinator:
             pause = election.renew_every if role is Role.LEADER else 0.2
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=pause)
+
+    async def _canary(self, nc: Client, stop: asyncio.Event) -> None:
+        """Publish to ourselves through the server twice a second (see Registry.bus_alive)."""
+        subject = subjects.canary(self.cluster, self.me)
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                await nc.publish(subject, b"")
+            await asyncio.sleep(CANARY_S)
 
     def _status(self) -> str:
         """systemd's STATUS= line: what ``systemctl status`` shows the on-call engineer."""

@@ -16,8 +16,12 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+
+from coordinator.ctl.home import pids_dir
+from ringmaster.procs import pid_alive, read_pid, wait_until
 
 HERE = Path(__file__).resolve().parent
 CTL = [sys.executable, "-m", "coordinator.ctl.main"]
@@ -48,16 +52,19 @@ def job_status(job: str) -> dict:
     return json.loads(ctl("status", job, "--json"))
 
 
-def wait_for(job: str, what: str, pred, timeout: float = 120.0) -> dict:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+def wait_for(job: str, what: str, pred: Callable[[dict], bool], timeout: float = 120.0) -> dict:
+    def reached() -> dict | None:
         status = job_status(job)
         if pred(status):
             return status
         if status["state"] in ("failed", "stopped"):
             raise SystemExit(f"job ended {status['state']}: {status.get('reason')}")
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
+        return None
+
+    try:
+        return wait_until(reached, timeout, interval=0.2)
+    except TimeoutError:
+        raise SystemExit(f"timed out waiting for {what}") from None
 
 
 def events(job: str) -> list[dict]:
@@ -82,7 +89,7 @@ def main() -> int:
 
     say(f"bringing up a 2-node local cluster in {home}")
     ctl("up", "--nodes", "2")
-    pids = {f.stem: int(f.read_text()) for f in (home / "pids").glob("*.pid")}
+    pids = {f.stem: read_pid(f) for f in pids_dir(home).glob("*.pid")}
     try:
         say("submitting examples/tiny.toml")
         submitted = time.time()
@@ -131,7 +138,7 @@ def main() -> int:
             say("bringing the cluster down")
             ctl("down", check=False)
     if not args.keep:
-        alive = [f"{name} ({pid})" for name, pid in pids.items() if _alive(pid)]
+        alive = [f"{name} ({pid})" for name, pid in pids.items() if pid and pid_alive(pid)]
         if alive:
             failures.append(f"still running after down: {', '.join(alive)}")
     for failure in failures:
@@ -154,17 +161,6 @@ def check(final: dict, kinds: list[str]) -> list[str]:
     if -1 in positions or positions != sorted(positions):
         failures.append(f"events out of order or missing: saw {kinds}")
     return failures
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

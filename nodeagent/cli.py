@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -53,7 +52,7 @@ def sample_all(config: AgentConfig) -> dict[str, object]:
             "ok": status.ok,
             "duration_s": round(status.duration_s, 6),
             "error": status.error,
-            "values": msgspec.to_builtins(sample.values) if sample else None,
+            "values": msgspec.to_builtins(sample) if sample else None,
         }
     close_all(entries)
     return out
@@ -84,14 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     configure("nodeagent", json=args.log_json)
     if args.preflight:
         sample, status = run_once(preflight(config), time.time())
-        values: dict[str, Any] = sample.values if sample else {"ok": False, "error": status.error}
         if args.json:
-            print(json.dumps(values, indent=2))
+            out = msgspec.to_builtins(sample) if sample else {"ok": False, "error": status.error}
+            print(json.dumps(out, indent=2))
+        elif sample is None:
+            print(f"preflight: {status.error}", file=sys.stderr)
         else:
-            for check in values.get("checks", []):
-                verdict = "ok  " if check["ok"] else "FAIL"
-                print(f"{verdict} {check['name']}: {check['value']} (want {check['want']})")
-        return 0 if values["ok"] else 1
+            for check in sample.checks:
+                verdict = "ok  " if check.ok else "FAIL"
+                print(f"{verdict} {check.name}: {check.value} (want {check.want})")
+        return 0 if sample is not None and sample.ok else 1
     if args.once:
         result = sample_all(config)
         if args.json:

@@ -29,6 +29,7 @@ from proto.commands import (
     Stop,
 )
 from proto.events import ClockResynced, CommandRefused, EventBase, Severity
+from ringmaster.rundir import epoch_file
 
 log = structlog.get_logger()
 
@@ -37,7 +38,7 @@ class CommandHandler:
     def __init__(
         self,
         node: str,
-        state_dir: Path,
+        run_dir: Path,
         supervisor: Supervisor,
         advertise_addr: str,
         on_event: Callable[[EventBase], Awaitable[None]],
@@ -45,7 +46,7 @@ class CommandHandler:
     ) -> None:
         self.node = node
         self._resync = resync
-        self._epoch_file = state_dir / "epoch"
+        self._epoch_file = epoch_file(run_dir)
         self.supervisor = supervisor
         self.advertise_addr = advertise_addr
         self._on_event = on_event

@@ -1,4 +1,8 @@
-"""Agent settings: a TOML file (unknown keys are errors) overridden by command-line flags."""
+"""Agent settings: a TOML file (unknown keys are errors) overridden by command-line flags.
+
+The defaults below are the only ones: detectors take their section whole (a threshold has
+one name, here) and have no defaults of their own.
+"""
 
 from __future__ import annotations
 
@@ -114,7 +118,6 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     simulated: bool = False
     gpus: int | None = None  # ranks this node can host; NVML's count if unset
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
-    stop_grace_s: Annotated[float, msgspec.Meta(ge=0)] = 10.0
     nvme: NvmeSettings = msgspec.field(default_factory=NvmeSettings)
     gpu: GpuSettings = msgspec.field(default_factory=GpuSettings)
     clock: ClockSettings = msgspec.field(default_factory=ClockSettings)

@@ -9,6 +9,7 @@ import socket
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import structlog
@@ -18,13 +19,15 @@ from nats.aio.msg import Msg
 from nodeagent.collectors.base import BusAttached
 from nodeagent.commands import CommandHandler
 from nodeagent.config import AgentConfig, detect_addr
+from nodeagent.detectors.base import Unannounced
 from nodeagent.outbox import Outbox
 from nodeagent.registry import Registered, build, clock_of
-from nodeagent.sampling import Health, close_all, pause, run_once_async, summarize
+from nodeagent.sampling import ActiveConditions, close_all, pause, run_once_async, summarize
 from nodeagent.shutdown import host_shutting_down
 from nodeagent.supervisor import Supervisor
 from proto import subjects
 from proto.codec import decode_event, encode
+from proto.conditions import Condition, ConditionKind
 from proto.events import (
     CoordinatorLeader,
     EventBase,
@@ -48,9 +51,9 @@ class Agent:
         self.run_dir = Path(config.run_dir)
         self.addr = config.advertise_addr or detect_addr(config.nats)
         self.telemetry = Telemetry()
-        self.health = Health(self.telemetry)
+        self.active = ActiveConditions()
         self.statuses: dict[str, CollectorStatus] = {}
-        self.registered: list[Registered] = build(config)
+        self.registered: list[Registered[Any]] = build(config)
         self._outbox: Outbox | None = None
         self.supervisor = Supervisor(self.node, self.run_dir, self.emit, self._progress)
 
@@ -58,7 +61,7 @@ class Agent:
         self._publish(event)
 
     def _publish(self, event: EventBase) -> None:
-        self.health.observe(event)
+        self.active.observe(event)
         if self._outbox is None:
             return
         if event.node is None:
@@ -74,13 +77,21 @@ class Agent:
         )
         if announce:
             deadline = utcnow() + timedelta(seconds=pre.sigterm_deadline_s)
+            message = f"agent got SIGTERM: node going away by {deadline:%H:%M:%S} UTC"
             self._publish(
                 SpotNotice(
                     severity=Severity.CRITICAL,
                     provider="sigterm",
                     action="terminate",
                     deadline=deadline,
-                    message=f"agent got SIGTERM: node going away by {deadline:%H:%M:%S} UTC",
+                    message=message,
+                    condition=Condition(
+                        kind=ConditionKind.PREEMPTION,
+                        node=self.node,
+                        subject="sigterm",
+                        severity=Severity.CRITICAL,
+                        reason=message,
+                    ),
                 )
             )
         stop.set()
@@ -155,15 +166,15 @@ class Agent:
                 await nc.drain()
 
     def _status(self) -> str:
-        """systemd's STATUS= line: how many collectors read, which faults are open."""
+        """systemd's STATUS= line: how many collectors read, which conditions are open."""
         ok = sum(s.ok for s in self.statuses.values())
-        faults = ", ".join(self.telemetry.faults) or "none"
-        return f"{ok}/{len(self.statuses)} collectors ok; faults: {faults}"
+        keys = ", ".join(c.key for c in self.active.conditions()) or "none"
+        return f"{ok}/{len(self.statuses)} collectors ok; conditions: {keys}"
 
     def _gpus(self) -> int:
         return self.config.gpus if self.config.gpus is not None else len(self.telemetry.gpus)
 
-    async def _sample_loop(self, entry: Registered) -> None:
+    async def _sample_loop(self, entry: Registered[Any]) -> None:
         interval = entry.collector.interval_s
         while True:
             started = time.monotonic()
@@ -175,6 +186,9 @@ class Agent:
                     for event in detector.observe(sample):
                         log.info("event", kind=type(event).__struct_config__.tag, msg=event.message)
                         await self.emit(event)
+                    if isinstance(detector, Unannounced):
+                        for condition in detector.unannounced():
+                            self.active.apply(condition)
             await pause(entry.collector, max(0.0, interval - (time.monotonic() - started)))
 
     async def _heartbeat_loop(self, nc: Client) -> None:
@@ -192,9 +206,8 @@ class Agent:
                 cpus=0 if self.config.simulated else (os.cpu_count() or 0),
                 simulated=self.config.simulated,
                 interval_s=self.config.heartbeat_s,
-                preflight_ok=self.health.preflight_ok,
-                topology_ok=self.health.topology_ok,
                 telemetry=self.telemetry,
+                conditions=self.active.conditions(),
                 collectors=list(self.statuses.values()),
                 jobs=self.supervisor.jobs(),
             )

@@ -1,12 +1,19 @@
-"""The one place where collectors and their detectors are registered for a node."""
+"""The one place where collectors and their detectors are registered for a node.
+
+Each entry pairs a collector with the detectors that read its samples; :class:`Registered`
+is generic over the sample type, so mypy refuses a detector given samples it cannot read.
+Detectors take their settings section whole: their thresholds have one name and one
+default, in :mod:`nodeagent.config`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
-from nodeagent.collectors.base import Collector
-from nodeagent.collectors.clock import ClockCollector
+from nodeagent.collectors.base import Collector, Sample
+from nodeagent.collectors.clock import ClockCollector, ClockSample
 from nodeagent.collectors.clock_peer import PeerClock
 from nodeagent.collectors.gpu import GpuCollector
 from nodeagent.collectors.gpu_topology import GpuTopologyCollector
@@ -15,25 +22,28 @@ from nodeagent.collectors.nvme_smart import NvmeSmartCollector
 from nodeagent.collectors.nvme_udev import NvmeUdevCollector
 from nodeagent.collectors.nvml import NvmlSession
 from nodeagent.collectors.preemption import PreemptionCollector
-from nodeagent.collectors.preflight import PreflightCollector, SpaceNeed
+from nodeagent.collectors.preflight import PreflightCollector, PreflightSample, SpaceNeed
 from nodeagent.config import AgentConfig
 from nodeagent.detectors.base import Detector
 from nodeagent.detectors.clock import ClockDriftDetector
-from nodeagent.detectors.gpu import GpuPcieDetector, GpuThermalDetector, GpuXidDetector
+from nodeagent.detectors.gpu import GpuThermalDetector, GpuXidDetector
 from nodeagent.detectors.gpu_topology import GpuTopologyDetector
 from nodeagent.detectors.nvme import NvmeLatencyDetector
 from nodeagent.detectors.nvme_readonly import NvmeReadonlyDetector
+from nodeagent.detectors.pcie import GpuPcieDetector
 from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.detectors.preflight import PreflightDetector
 
+S = TypeVar("S", bound=Sample)
+
 
 @dataclass
-class Registered:
-    collector: Collector
-    detectors: list[Detector] = field(default_factory=list)
+class Registered(Generic[S]):
+    collector: Collector[S]
+    detectors: list[Detector[S]] = field(default_factory=list)
 
 
-def build(config: AgentConfig) -> list[Registered]:
+def build(config: AgentConfig) -> list[Registered[Any]]:
     entries = [preflight(config), *_nvme(config), *_gpu(config), _clock(config)]
     pre = config.preemption
     if pre.provider != "none":
@@ -51,7 +61,7 @@ def build(config: AgentConfig) -> list[Registered]:
     return entries
 
 
-def preflight(config: AgentConfig) -> Registered:
+def preflight(config: AgentConfig) -> Registered[PreflightSample]:
     """Also run alone by ``nodeagent --preflight``."""
     pre = config.preflight
     needs = [
@@ -68,12 +78,12 @@ def preflight(config: AgentConfig) -> Registered:
     return Registered(collector, [PreflightDetector(config.node)])
 
 
-def clock_of(entries: list[Registered]) -> ClockCollector | None:
+def clock_of(entries: list[Registered[Any]]) -> ClockCollector | None:
     """The clock collector, which also serves the ``resync_clock`` command."""
     return next((e.collector for e in entries if isinstance(e.collector, ClockCollector)), None)
 
 
-def _clock(config: AgentConfig) -> Registered:
+def _clock(config: AgentConfig) -> Registered[ClockSample]:
     clock = config.clock
     collector = ClockCollector(
         peer=PeerClock(interval_s=clock.peer_interval_s, timeout_s=clock.peer_timeout_s),
@@ -86,38 +96,22 @@ def _clock(config: AgentConfig) -> Registered:
         step_timeout_s=clock.step_timeout_s,
         max_offset_ms=clock.max_offset_ms,
     )
-    detector = ClockDriftDetector(
-        config.node,
-        max_offset_ms=clock.max_offset_ms,
-        recover_ms=clock.recover_ms,
-        confirm=clock.confirm,
-        hold_s=clock.hold_s,
-    )
-    return Registered(collector, [detector])
+    return Registered(collector, [ClockDriftDetector(config.node, clock)])
 
 
-def _nvme(config: AgentConfig) -> list[Registered]:
+def _nvme(config: AgentConfig) -> list[Registered[Any]]:
     roots, node, nvme = config.roots(), config.node, config.nvme
     readonly = NvmeReadonlyDetector(node)  # one state for the three sources
-    entries = [
-        Registered(
-            NvmeLatencyCollector(roots, devices=nvme.devices, interval_s=nvme.interval_s),
-            [
-                NvmeLatencyDetector(
-                    node, spike_us=nvme.spike_us, recover_us=nvme.recover_us, hold_s=nvme.hold_s
-                ),
-                readonly,
-            ],
-        ),
-        Registered(
-            NvmeSmartCollector(
-                roots,
-                command=nvme.smart_command,
-                interval_s=nvme.smart_interval_s,
-                timeout_s=nvme.smart_timeout_s,
-            ),
-            [readonly],
-        ),
+    latency = NvmeLatencyCollector(roots, devices=nvme.devices, interval_s=nvme.interval_s)
+    smart = NvmeSmartCollector(
+        roots,
+        command=nvme.smart_command,
+        interval_s=nvme.smart_interval_s,
+        timeout_s=nvme.smart_timeout_s,
+    )
+    entries: list[Registered[Any]] = [
+        Registered(latency, [NvmeLatencyDetector(node, nvme), readonly]),
+        Registered(smart, [readonly]),
     ]
     if nvme.udev:
         udev = NvmeUdevCollector(roots, source=nvme.udev_source, devices=nvme.udev_devices)
@@ -125,38 +119,15 @@ def _nvme(config: AgentConfig) -> list[Registered]:
     return entries
 
 
-def _gpu(config: AgentConfig) -> list[Registered]:
+def _gpu(config: AgentConfig) -> list[Registered[Any]]:
     node, gpu = config.node, config.gpu
     nvml = NvmlSession(gpu.nvml_library)  # one per process: both GPU collectors share it
+    health = GpuCollector(nvml, interval_s=gpu.interval_s)
+    topology = GpuTopologyCollector(nvml, interval_s=gpu.topology_interval_s)
     return [
         Registered(
-            GpuCollector(nvml, interval_s=gpu.interval_s),
-            [
-                GpuThermalDetector(
-                    node,
-                    warn_c=gpu.warn_c,
-                    critical_c=gpu.critical_c,
-                    hysteresis_c=gpu.hysteresis_c,
-                    hold_s=gpu.thermal_hold_s,
-                    confirm=gpu.thermal_confirm,
-                ),
-                GpuPcieDetector(
-                    node,
-                    min_gbps=gpu.pcie_min_gbps,
-                    busy_pct=gpu.pcie_busy_pct,
-                    replay_limit=gpu.pcie_replay_limit,
-                    confirm=gpu.pcie_confirm,
-                    hold_s=gpu.pcie_hold_s,
-                ),
-                GpuXidDetector(node),
-            ],
+            health,
+            [GpuThermalDetector(node, gpu), GpuPcieDetector(node, gpu), GpuXidDetector(node)],
         ),
-        Registered(
-            GpuTopologyCollector(nvml, interval_s=gpu.topology_interval_s),
-            [
-                GpuTopologyDetector(
-                    node, expect_nvlink=gpu.expect_nvlink, confirm=gpu.topology_confirm
-                )
-            ],
-        ),
+        Registered(topology, [GpuTopologyDetector(node, gpu)]),
     ]

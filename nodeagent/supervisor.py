@@ -1,19 +1,18 @@
 """Training ranks this node runs: start, relay control, stop, and report every exit.
 
 Each rank runs in its own session (process group), so a stop reaches every process a rank
-spawned, and an agent restart does not take the ranks with it.
+spawned, and an agent restart does not take the ranks with it. What the agent keeps per job
+on disk (spec, PID and log files, control socket) is laid out by ``ringmaster.rundir``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from proto.commands import Launch
 from proto.events import EventBase, Severity, WorkerExited
 from proto.job import shm_staging_name
 from proto.progress import Progress
+from ringmaster.rundir import JOB_ENV, JobDir
 
 log = structlog.get_logger()
 EventSink = Callable[[EventBase], Awaitable[None]]
@@ -63,30 +63,25 @@ class Supervisor:
     def jobs(self) -> list[str]:
         return [job for job, run in self.runs.items() if run.alive()]
 
-    def pids(self, job: str) -> list[int]:
-        run = self.runs.get(job)
-        return [p.pid for p in run.procs.values()] if run else []
-
     async def launch(self, cmd: Launch) -> list[int]:
         old = self.runs.get(cmd.job)
         if old is not None:
             if old.alive():
                 raise SupervisorError(f"job {cmd.job} already has live ranks {old.alive()}")
             await old.channel.close()
-        jobdir = self.run_dir / "jobs" / cmd.job
-        jobdir.mkdir(parents=True, exist_ok=True)
-        spec_path = jobdir / "spec.json"
-        spec_path.write_bytes(encode(cmd.spec))
+        jobdir = JobDir(self.run_dir, cmd.job)
+        jobdir.path.mkdir(parents=True, exist_ok=True)
+        jobdir.spec.write_bytes(encode(cmd.spec))
 
         async def progress(message: Progress) -> None:
             await self._on_progress(cmd.job, message)
 
-        channel = ControlChannel(socket_path(jobdir), progress)
+        channel = ControlChannel(jobdir.control_socket, progress)
         try:
             await channel.start()
         except OSError as exc:
             raise SupervisorError(f"cannot open the control socket {channel.path}: {exc}") from exc
-        run = JobRun(cmd.job, cmd.attempt, Path(cmd.workdir or jobdir), channel)
+        run = JobRun(cmd.job, cmd.attempt, Path(cmd.workdir or jobdir.path), channel)
         self.runs[cmd.job] = run
         if cmd.pre_start:
             await self._pre_start(cmd, run, jobdir)
@@ -97,13 +92,13 @@ class Supervisor:
                 **cmd.env,
                 "RANK": str(spec.rank),
                 "LOCAL_RANK": str(spec.local_rank),
-                "RINGMASTER_JOB_ID": cmd.job,
-                "RINGMASTER_JOB_SPEC": str(spec_path),
+                JOB_ENV: cmd.job,
+                "RINGMASTER_JOB_SPEC": str(jobdir.spec),
                 "RINGMASTER_WORKDIR": str(run.workdir),
                 "RINGMASTER_CONTROL_SOCKET": str(channel.path),
                 "RINGMASTER_ATTEMPT": str(cmd.attempt),
             }
-            logf = (jobdir / f"rank-{spec.rank}.log").open("ab")
+            logf = jobdir.rank_log(spec.rank).open("ab")
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -121,17 +116,17 @@ class Supervisor:
             finally:
                 logf.close()
             run.procs[spec.rank] = proc
-            (jobdir / f"rank-{spec.rank}.pid").write_text(str(proc.pid))
+            jobdir.rank_pid(spec.rank).write_text(str(proc.pid))
             run.waiters.append(asyncio.create_task(self._watch(run, spec.rank, proc)))
             log.info("rank started", job=cmd.job, rank=spec.rank, pid=proc.pid)
         return [p.pid for p in run.procs.values()]
 
-    async def _pre_start(self, cmd: Launch, run: JobRun, jobdir: Path) -> None:
+    async def _pre_start(self, cmd: Launch, run: JobRun, jobdir: JobDir) -> None:
         """The job's pre-start hook, with the job's environment; its output goes to
         ``pre-start.log``. A failure or a timeout fails this launch."""
         assert cmd.pre_start is not None
-        env = {**os.environ, **cmd.env, "RINGMASTER_JOB_ID": cmd.job, "RINGMASTER_NODE": self.node}
-        logpath = jobdir / "pre-start.log"
+        env = {**os.environ, **cmd.env, JOB_ENV: cmd.job, "RINGMASTER_NODE": self.node}
+        logpath = jobdir.pre_start_log
         with logpath.open("ab") as logf:
             proc = await asyncio.create_subprocess_exec(
                 "/bin/sh",
@@ -223,17 +218,9 @@ async def _wait_all(run: JobRun, timeout: float) -> None:
             task.cancel()
 
 
-def socket_path(jobdir: Path) -> Path:
-    """The job's control socket: in its directory when the path fits AF_UNIX's 108-byte
-    limit, else a short name derived from it in the temp dir."""
-    path = jobdir / "control.sock"
-    if len(os.fsencode(path)) < 100:
-        return path
-    digest = hashlib.sha1(os.fsencode(jobdir)).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"ringmaster-{digest}.sock"
-
-
 def _argv(argv: list[str]) -> list[str]:
+    """The rank's command line. The built-in trainer runs as its own process, never
+    imported: the agent does not depend on the trainer's code."""
     if not argv:
         return [sys.executable, "-m", "trainer.worker"]
     if argv[0].endswith(".py"):

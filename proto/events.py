@@ -7,16 +7,11 @@ fields are ignored on decode (wire structs tolerate additions).
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 
 import msgspec
 
-
-class Severity(enum.StrEnum):
-    INFO = "info"
-    WARNING = "warning"
-    CRITICAL = "critical"
+from proto.conditions import Condition, Severity  # Severity is re-exported from here too
 
 
 def utcnow() -> datetime:
@@ -29,6 +24,9 @@ class EventBase(msgspec.Struct, tag_field="kind", kw_only=True, omit_defaults=Fa
     node: str | None = None
     job: str | None = None
     message: str = ""
+    # The condition this event opens or closes (two-state kinds), as the agent's latch
+    # holds it: the policy reacts to it and files it under its key.
+    condition: Condition | None = None
 
 
 # -- node lifecycle -------------------------------------------------------------------

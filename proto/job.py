@@ -137,7 +137,10 @@ class JobRecord(msgspec.Struct, kw_only=True):
     master_addr: str = ""
     master_port: int = 0
     loss: float | None = None
+    tokens_per_s: float | None = None  # rank 0's newest step, all ranks together
+    mfu: float | None = None  # model FLOPs utilisation, a fraction; None: peak unknown
     reason: str = ""
+    # keys (proto.conditions.condition_key) of the conditions holding the job paused
     pause_reasons: list[str] = msgspec.field(default_factory=list)
     attempt: int = 0
     stopping: bool = False

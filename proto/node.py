@@ -6,6 +6,8 @@ import enum
 
 import msgspec
 
+from proto.conditions import Condition
+
 
 class NodeState(enum.StrEnum):
     """ready → degraded (a fault is active) → ready; draining (no new ranks); lost
@@ -28,7 +30,6 @@ class Telemetry(msgspec.Struct, kw_only=True):
     nvme_latency_us: dict[str, float] = msgspec.field(default_factory=dict)
     gpus: list[GpuSample] = msgspec.field(default_factory=list)
     clock_offset_ms: float | None = None
-    faults: list[str] = msgspec.field(default_factory=list)
 
 
 class CollectorStatus(msgspec.Struct, kw_only=True):
@@ -48,9 +49,10 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     cpus: int = 0  # cores ranks may be pinned to; 0 = no pinning (simulated nodes share a host)
     simulated: bool = False
     interval_s: float = 1.0
-    preflight_ok: bool = True
-    topology_ok: bool = True
     telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
+    # The node's authoritative set of active conditions (its detectors' latches): a
+    # coordinator that missed an event catches up on the next beat.
+    conditions: list[Condition] = msgspec.field(default_factory=list)
     collectors: list[CollectorStatus] = msgspec.field(default_factory=list)
     jobs: list[str] = msgspec.field(default_factory=list)
 
@@ -80,11 +82,11 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     simulated: bool = False
     last_seen: float = 0.0
     telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
-    faults: dict[str, str] = msgspec.field(default_factory=dict)
+    conditions: list[Condition] = msgspec.field(default_factory=list)  # the agent's, mirrored
     jobs: list[str] = msgspec.field(default_factory=list)
     drain_reason: str = ""
-    preflight_ok: bool = True
-    topology_ok: bool = True
+    preflight_ok: bool = True  # no node.preflight condition active
+    topology_ok: bool = True  # no topology.degraded condition active
 
 
 class CoordinatorRecord(msgspec.Struct, kw_only=True):

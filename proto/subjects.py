@@ -43,6 +43,12 @@ def heartbeats(cluster: str) -> str:
     return f"{ROOT}.{cluster}.hb.*"
 
 
+def canary(cluster: str, coordinator: str) -> str:
+    """A coordinator's message to itself through the server: while it does not come
+    back, the bus is out, and silent nodes are not lost nodes."""
+    return f"{ROOT}.{cluster}.canary.{coordinator}"
+
+
 def command(cluster: str, node: str) -> str:
     return f"{ROOT}.{cluster}.cmd.{node}"
 

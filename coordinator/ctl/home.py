@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 
 from ringmaster.bus import DEFAULT_URL
+from ringmaster.procs import pid_alive, read_pid
 
 
 class LocalCluster(msgspec.Struct, kw_only=True):
@@ -39,29 +40,40 @@ def read_cluster(directory: Path) -> LocalCluster | None:
     return None
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    return True
+def pids_dir(directory: Path) -> Path:
+    """Where ``up`` keeps the PID of each process it started (``down`` stops them all)."""
+    return directory / "pids"
 
 
-def read_pid(path: Path) -> int | None:
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        return int(path.read_text().strip())
-    return None
+def pid_file(directory: Path, process: str) -> Path:
+    return pids_dir(directory) / f"{process}.pid"
+
+
+def agent_process(node: str) -> str:
+    """The name ``up`` gives the agent of ``node``: its PID and log file names."""
+    return f"nodeagent-{node}"
+
+
+def nodes_root(directory: Path) -> Path:
+    """Where the simulator keeps each node's tree (``<root>/<node>``)."""
+    return directory / "nodes"
+
+
+def agent_run_dir(directory: Path, node: str) -> Path:
+    """The ``--run-dir`` ``up`` gives the agent of ``node``; its layout is
+    ``ringmaster.rundir``'s."""
+    return nodes_root(directory) / node / "agent"
+
+
+def agent_run_dirs(directory: Path) -> list[Path]:
+    """The run directories of every node agent this local cluster ever started."""
+    return sorted(p for p in nodes_root(directory).glob("*/agent") if p.is_dir())
 
 
 def running(directory: Path) -> LocalCluster | None:
     """The local cluster in ``directory`` if its NATS server is alive."""
     cluster = read_cluster(directory)
-    pid = read_pid(directory / "pids" / "nats-server.pid")
+    pid = read_pid(pid_file(directory, "nats-server"))
     if cluster is not None and pid is not None and pid_alive(pid):
         return cluster
     return None

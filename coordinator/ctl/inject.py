@@ -1,6 +1,6 @@
 """``inject NODE FAULT``: simulated nodes only. Hardware faults go to the node's simulator
-over NATS; ``kill-agent`` and ``kill-worker`` are signals to local processes whose PIDs the
-local cluster keeps."""
+over NATS; ``kill-agent`` and ``kill-worker`` are signals to local processes: the agent's
+PID is in the local cluster's ``pids/``, the ranks' in the agent's run directory."""
 
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
-from coordinator.ctl.home import pid_alive, read_pid
-from nodeagent.sim.faults import KillAgentFault, KillWorkerFault, parse_fault
+from coordinator.ctl.home import agent_process, agent_run_dir, pid_file
 from proto import subjects
 from proto.api import InjectFault, InjectReply
 from proto.codec import encode
+from proto.faults import KillAgentFault, KillWorkerFault, parse_fault
 from proto.node import NodeRecord
+from ringmaster.procs import pid_alive, read_pid
+from ringmaster.rundir import live_ranks
 
 
 async def inject(s: Session, node: str, text: str, home: Path) -> str:
@@ -34,14 +36,16 @@ async def inject(s: Session, node: str, text: str, home: Path) -> str:
         raise CtlError(f"node {node} is real hardware: inject works on simulated nodes only", 2)
     match fault:
         case KillAgentFault():
-            return _kill(home / "pids" / f"nodeagent-{node}.pid", f"agent of {node}")
+            pid = read_pid(pid_file(home, agent_process(node)))
+            if pid is None or not pid_alive(pid):
+                raise CtlError(f"no live process for the agent of {node}")
+            return _kill(pid, f"agent of {node}")
         case KillWorkerFault():
-            ranks = sorted((home / "nodes" / node / "agent" / "jobs").glob("*/rank-*.pid"))
-            for pidfile in ranks:
-                pid = read_pid(pidfile)
-                if pid is not None and pid_alive(pid):
-                    return _kill(pidfile, f"{pidfile.parent.name} {pidfile.stem} on {node}")
-            raise CtlError(f"no live training rank on {node}")
+            ranks = live_ranks(agent_run_dir(home, node))
+            if not ranks:
+                raise CtlError(f"no live training rank on {node}")
+            job, rank, pid = ranks[0]
+            return _kill(pid, f"{job} rank-{rank} on {node}")
     try:
         msg = await s.nc.request(
             subjects.sim(s.cluster, node), encode(InjectFault(fault=text)), timeout=5
@@ -59,9 +63,9 @@ async def inject(s: Session, node: str, text: str, home: Path) -> str:
     return f"{node}: active faults: {', '.join(reply.faults) or 'none'}"
 
 
-def _kill(pidfile: Path, what: str) -> str:
-    pid = read_pid(pidfile)
-    if pid is None or not pid_alive(pid):
-        raise CtlError(f"no live process for the {what}")
-    os.kill(pid, signal.SIGKILL)
+def _kill(pid: int, what: str) -> str:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        raise CtlError(f"the {what} exited before it could be killed") from None
     return f"killed the {what} (pid {pid})"

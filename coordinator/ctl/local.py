@@ -11,19 +11,28 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 from nats.js.errors import NoKeysError
 
 from coordinator.ctl.errors import CtlError
-from coordinator.ctl.home import LocalCluster, pid_alive, read_pid, running
+from coordinator.ctl.home import (
+    LocalCluster,
+    agent_process,
+    agent_run_dir,
+    agent_run_dirs,
+    nodes_root,
+    pid_file,
+    pids_dir,
+    running,
+)
 from coordinator.embedded_nats import NatsServerMissing, start_nats_server
 from coordinator.kvstore import ensure_layout
 from proto.node import NodeRecord, NodeState
 from ringmaster.bus import connect
+from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
+from ringmaster.rundir import live_ranks
 
 
 def up(
@@ -34,14 +43,14 @@ def up(
     if (existing := running(directory)) is not None:
         print(f"ringmaster: local cluster already running in {directory}", file=sys.stderr)
         return existing
-    pids, logs = directory / "pids", directory / "logs"
-    for d in (pids, logs, directory / "nodes"):
+    logs, root = directory / "logs", nodes_root(directory)
+    for d in (pids_dir(directory), logs, root):
         d.mkdir(parents=True, exist_ok=True)
     try:
         server = start_nats_server(directory / "nats", detach=True)
     except (NatsServerMissing, RuntimeError) as exc:
         raise CtlError(str(exc)) from None
-    (pids / "nats-server.pid").write_text(str(server.pid))
+    pid_file(directory, "nats-server").write_text(str(server.pid))
     names = [f"node-{i}" for i in range(nodes)]
     coordinators = ["coordinator-0", "coordinator-1"] if standby else ["coordinator-0"]
     local = LocalCluster(
@@ -49,23 +58,24 @@ def up(
     )
     (directory / "cluster.json").write_bytes(msgspec.json.encode(local))
     py = sys.executable
-    root = directory / "nodes"
     sim = [py, "-m", "nodeagent.sim", "--root", str(root), "--nodes", ",".join(names)]
     sim += ["--nats", server.url, "--cluster", cluster, "--gpus", str(gpus)]
     _spawn("simulator", sim, directory)
-    _wait(lambda: all((root / n / ".ready").exists() for n in names), 60, "the simulator")
+    try:
+        wait_until(lambda: all((root / n / ".ready").exists() for n in names), 60)
+    except TimeoutError:
+        raise CtlError("the simulator did not come up within 60 s") from None
     for name in names:
-        tree = root / name
         # agent.toml (written by the simulator) points the real agent at this node's
         # simulated trees, stub NVML library, metadata service and clock skew.
         _spawn(
-            f"nodeagent-{name}",
+            agent_process(name),
             [
                 py,
                 "-m",
                 "nodeagent.cli",
                 "--config",
-                str(tree / "agent.toml"),
+                str(root / name / "agent.toml"),
                 "--node",
                 name,
                 "--cluster",
@@ -73,7 +83,7 @@ def up(
                 "--nats",
                 server.url,
                 "--run-dir",
-                str(tree / "agent"),
+                str(agent_run_dir(directory, name)),
                 "--gpus",
                 str(gpus),
                 "--advertise-addr",
@@ -108,7 +118,7 @@ def up(
     for record in seen.values():
         if record.state is not NodeState.READY:
             # registered but not admissible: the operator should know before starting a job
-            why = ", ".join(record.telemetry.faults or record.faults) or "no reason given"
+            why = "; ".join(c.reason or c.key for c in record.conditions) or "no reason given"
             print(f"ringmaster: {record.id} is {record.state.value}: {why}", file=sys.stderr)
     return local
 
@@ -123,15 +133,7 @@ def _spawn(name: str, argv: list[str], directory: Path) -> None:
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    (directory / "pids" / f"{name}.pid").write_text(str(proc.pid))
-
-
-def _wait(ready: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise CtlError(f"{what} did not come up within {timeout:.0f} s")
-        time.sleep(0.05)
+    pid_file(directory, name).write_text(str(proc.pid))
 
 
 async def _await_nodes(local: LocalCluster, seen: dict[str, NodeRecord], timeout: float) -> None:
@@ -141,18 +143,18 @@ async def _await_nodes(local: LocalCluster, seen: dict[str, NodeRecord], timeout
     nc = await connect(local.nats, "coordinatorctl-up")
     try:
         buckets = await ensure_layout(nc.jetstream(), local.cluster)
-        async with asyncio.timeout(timeout):
-            while True:
-                with contextlib.suppress(NoKeysError):
-                    for key in await buckets.nodes.keys():
-                        entry = await buckets.nodes.get(key)
-                        if entry.value:
-                            record = msgspec.json.decode(entry.value, type=NodeRecord)
-                            if record.state is not NodeState.LOST:
-                                seen[record.id] = record
-                if set(seen) >= set(local.nodes):
-                    return
-                await asyncio.sleep(0.2)
+
+        async def all_seen() -> bool:
+            with contextlib.suppress(NoKeysError):
+                for key in await buckets.nodes.keys():
+                    entry = await buckets.nodes.get(key)
+                    if entry.value:
+                        record = msgspec.json.decode(entry.value, type=NodeRecord)
+                        if record.state is not NodeState.LOST:
+                            seen[record.id] = record
+            return set(seen) >= set(local.nodes)
+
+        await wait_until_async(all_seen, timeout, interval=0.2)
     finally:
         await nc.close()
 
@@ -170,16 +172,13 @@ def _order(name: str) -> int:
 
 def down(directory: Path, timeout: float = 15.0) -> list[str]:
     """Stop every rank, daemon and server ``up`` started. Returns what was stopped."""
-    pids_dir = directory / "pids"
     stopped: list[str] = []
     # Training ranks outlive agent restarts by design, so they are stopped explicitly.
-    for pidfile in sorted((directory / "nodes").glob("*/agent/jobs/*/rank-*.pid")):
-        pid = read_pid(pidfile)
-        if pid is not None and _is_rank(pid):
-            _kill_group(pid, timeout)
-            stopped.append(f"rank {pidfile.parent.name}/{pidfile.stem} ({pid})")
-        pidfile.unlink(missing_ok=True)
-    for pidfile in sorted(pids_dir.glob("*.pid"), key=lambda p: _order(p.stem)):
+    for run_dir in agent_run_dirs(directory):
+        for rank in live_ranks(run_dir):
+            _kill_group(rank.pid, timeout)
+            stopped.append(f"rank {rank.job}/rank-{rank.rank} ({rank.pid})")
+    for pidfile in sorted(pids_dir(directory).glob("*.pid"), key=lambda p: _order(p.stem)):
         pid = read_pid(pidfile)
         if pid is not None and pid_alive(pid):
             _kill_group(pid, timeout)
@@ -189,20 +188,10 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
     return stopped
 
 
-def _is_rank(pid: int) -> bool:
-    """Guard against PID reuse: a rank carries RINGMASTER_JOB_ID in its environment."""
-    try:
-        return b"RINGMASTER_JOB_ID=" in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-
-
 def _kill_group(pid: int, timeout: float) -> None:
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig)
-        deadline = time.monotonic() + wait
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not pid_alive(pid):
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: not pid_alive(pid), wait)
             return

@@ -29,6 +29,7 @@ from coordinator.ctl.tail import Filters, parse_duration, tail
 from proto.api import JobControl, SubmitJob
 from proto.events import Severity
 from proto.job import JobRecord, JobState
+from ringmaster.procs import wait_until_async
 
 
 class Parser(argparse.ArgumentParser):
@@ -157,21 +158,25 @@ async def _wait(s: Session, job_id: str) -> int:
     """Follow a job until it ends; state changes and progress go to stderr."""
     last: tuple[str, int] | None = None
     shown = 0.0
-    while True:
+
+    async def ended() -> JobRecord | None:
+        nonlocal last, shown
         job = await s.record("jobs", job_id, JobRecord)
-        if job is not None:
-            now = time.monotonic()
-            if last is None or job.state.value != last[0] or now - shown > 5:
-                print(
-                    f"{job_id}: {job.state.value} step {job.step}/{job.target_steps}"
-                    + (f" loss {job.loss:.3f}" if job.loss is not None else "")
-                    + (f" ({job.reason})" if job.reason else ""),
-                    file=sys.stderr,
-                )
-                last, shown = (job.state.value, job.step), now
-            if job.state.terminal:
-                return 0 if job.state is JobState.COMPLETED else 1
-        await asyncio.sleep(0.5)
+        if job is None:
+            return None
+        now = time.monotonic()
+        if last is None or job.state.value != last[0] or now - shown > 5:
+            print(
+                f"{job_id}: {job.state.value} step {job.step}/{job.target_steps}"
+                + (f" loss {job.loss:.3f}" if job.loss is not None else "")
+                + (f" ({job.reason})" if job.reason else ""),
+                file=sys.stderr,
+            )
+            last, shown = (job.state.value, job.step), now
+        return job if job.state.terminal else None
+
+    job = await wait_until_async(ended, timeout=None, interval=0.5)
+    return 0 if job.state is JobState.COMPLETED else 1
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "world_size": job.world_size,
         "nodes": job.nodes,
         "loss": job.loss,
+        "tokens_per_s": job.tokens_per_s,
+        "mfu": job.mfu,
         "goodput": {b: round(job.goodput.get(b, 0.0), 3) for b in GOODPUT_BUCKETS},
     }
     extra = msgspec.to_builtins(job)
@@ -65,21 +67,17 @@ def render(console: Console, data: Any, job_id: str | None) -> None:
         render_job(console, data)
         return
     table = Table(title="nodes", title_justify="left")
-    for col in ("node", "state", "GPUs", "NVMe µs", "GPU °C", "clock ms", "jobs", "faults"):
+    for col in ("node", "state", "GPUs", "NVMe µs", "GPU °C", "clock ms", "jobs", "conditions"):
         table.add_column(col)
     for n in data["nodes"]:
         tel = n["telemetry"]
         nvme = " ".join(f"{v:.0f}" for v in tel["nvme_latency_us"].values()) or "-"
         temps = " ".join(f"{g['temp_c']:.0f}" for g in tel["gpus"] if g.get("temp_c")) or "-"
         clock = f"{tel['clock_offset_ms']:.2f}" if tel.get("clock_offset_ms") is not None else "-"
-        # why a node is not ready: faults seen by the coordinator, else the agent's own
-        # (a failed preflight, a degraded link), else why it drains
-        faults = (
-            "; ".join(n["faults"].values())
-            or ", ".join(tel.get("faults", []))
-            or n.get("drain_reason")
-            or ""
-        )
+        # why a node is not ready: its agent's open conditions (the evidence), else why
+        # the coordinator drains it
+        faults = "; ".join(c["reason"] or c["kind"] for c in n["conditions"])
+        faults = faults or n.get("drain_reason") or ""
         table.add_row(
             n["id"],
             _state(n["state"]),
@@ -131,8 +129,11 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
         "step",
         "target_steps",
         "loss",
+        "tokens_per_s",
+        "mfu",
         "restarts",
         "pauses",
+        "pause_reasons",
         "last_checkpoint_step",
         "world_size",
         "nodes",
@@ -142,6 +143,10 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
         value = j.get(key)
         if key == "state":
             value = _state(str(value))
+        elif key == "mfu" and value is not None:
+            value = f"{100 * value:.1f} %"
+        elif key == "tokens_per_s" and value is not None:
+            value = f"{value:,.0f}"
         elif isinstance(value, list):
             value = ", ".join(value)
         table.add_row(key, "-" if value in (None, "") else str(value))

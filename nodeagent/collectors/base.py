@@ -5,13 +5,17 @@ each on its own interval in a worker thread and times it. A collector that fails
 the daemon records the error in that collector's :class:`CollectorStatus` and keeps going.
 Roots (``/sys``, ``/proc``, ``/dev``, URLs, library paths) come from :class:`Roots` so the
 same code reads a real node, a fixture tree or a simulated node.
+
+Each collector returns its own :class:`Sample` subclass, defined next to it, with typed
+fields and nested structs: a detector is declared against the sample type it reads
+(``Detector[NvmeLatencySample]``), so mypy checks that it reads what its collector writes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 import msgspec
 from nats.aio.client import Client
@@ -26,18 +30,20 @@ class Roots:
 
 
 class Sample(msgspec.Struct, kw_only=True):
-    """One reading of one collector. ``values`` is collector-specific and JSON-able."""
+    """What every reading has: when it was taken (wall-clock seconds, the time hysteresis
+    runs on). msgspec encodes every subclass as it is, for ``nodeagent --once --json``."""
 
-    collector: str
     time: float
-    values: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
-class Collector(Protocol):
+S_co = TypeVar("S_co", bound=Sample, covariant=True)
+
+
+class Collector(Protocol[S_co]):
     name: str
     interval_s: float
 
-    def collect(self, now: float) -> Sample: ...
+    def collect(self, now: float) -> S_co: ...
 
 
 @runtime_checkable

@@ -22,8 +22,8 @@ import ctypes
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 
 from nodeagent.collectors.base import Sample
@@ -69,38 +69,82 @@ class Timex(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def read_adjtimex() -> dict[str, Any]:
+class KernelClock(msgspec.Struct, kw_only=True):
+    """``adjtimex``'s answer: the kernel clock's discipline state."""
+
+    state: str  # TIME_OK ... TIME_ERROR
+    synced: bool
+    status: int  # STA_* bits
+    max_error_ms: float
+    est_error_ms: float
+    offset_ms: float
+
+
+class ChronyTracking(msgspec.Struct, kw_only=True):
+    reference: str
+    stratum: int
+    offset_ms: float  # the clock minus true time
+    bound_ms: float  # root delay/2 + root dispersion
+    leap: str
+    synced: bool
+
+
+class PeerOffset(msgspec.Struct, kw_only=True):
+    """The last offset to the coordinator (:class:`PeerClock`'s measurement)."""
+
+    offset_ms: float
+    bound_ms: float  # half the round trip
+    rtt_ms: float
+    age_s: float
+
+
+class ClockSample(Sample, kw_only=True):
+    """Every source as read, and the best offset of them: ``source`` names it (``peer``,
+    ``chrony``, ``skew_file``, or ``none`` with no offset)."""
+
+    adjtimex: KernelClock | None = None  # None: not read (simulated nodes)
+    chrony: ChronyTracking | None = None
+    chrony_error: str = ""  # why there is no chrony reading
+    peer: PeerOffset | None = None
+    offset_ms: float | None = None
+    bound_ms: float | None = None
+    source: str = "none"
+    synced: bool = True  # neither the kernel nor chrony says unsynchronised
+    skew_ms: float = 0.0  # a simulated node's extra offset
+
+
+def read_adjtimex() -> KernelClock:
     """The kernel clock's discipline state; nothing is changed (modes = 0)."""
     tx = Timex()
     state = _libc.adjtimex(ctypes.byref(tx))
     if state < 0:
         raise OSError(ctypes.get_errno(), "adjtimex failed")
     scale = 1e6 if tx.status & STA_NANO else 1e3  # offset in ns or µs → ms
-    return {
-        "state": STATES[state] if state < len(STATES) else str(state),
-        "synced": state != 5 and not tx.status & STA_UNSYNC,
-        "status": tx.status,
-        "max_error_ms": tx.maxerror / 1000,
-        "est_error_ms": tx.esterror / 1000,
-        "offset_ms": tx.offset / scale,
-    }
+    return KernelClock(
+        state=STATES[state] if state < len(STATES) else str(state),
+        synced=state != 5 and not tx.status & STA_UNSYNC,
+        status=tx.status,
+        max_error_ms=tx.maxerror / 1000,
+        est_error_ms=tx.esterror / 1000,
+        offset_ms=tx.offset / scale,
+    )
 
 
-def parse_tracking(line: str) -> dict[str, Any]:
+def parse_tracking(line: str) -> ChronyTracking:
     """One line of ``chronyc -c tracking``. Its system-time field is chrony's correction
     (positive: the clock is slow), so the clock's offset is its negative."""
     fields = line.strip().split(",")
     if len(fields) < 14:
         raise ValueError(f"chronyc -c tracking: expected 14 fields, got {len(fields)}")
     correction, root_delay, root_dispersion = float(fields[4]), float(fields[10]), float(fields[11])
-    return {
-        "reference": fields[1] or fields[0],
-        "stratum": int(fields[2]),
-        "offset_ms": -correction * 1000,
-        "bound_ms": (root_delay / 2 + root_dispersion) * 1000,
-        "leap": fields[13],
-        "synced": fields[13] != "Not synchronised",
-    }
+    return ChronyTracking(
+        reference=fields[1] or fields[0],
+        stratum=int(fields[2]),
+        offset_ms=-correction * 1000,
+        bound_ms=(root_delay / 2 + root_dispersion) * 1000,
+        leap=fields[13],
+        synced=fields[13] != "Not synchronised",
+    )
 
 
 class ClockCollector:
@@ -117,14 +161,15 @@ class ClockCollector:
         skew_file: Path | None = None,
         step_command: list[str] | None = None,
         step_timeout_s: float = 10.0,
-        max_offset_ms: float = 5.0,
+        max_offset_ms: float,
     ) -> None:
         self.interval_s = interval_s
         self.peer = peer
         self._adjtimex = use_adjtimex
         self._chronyc = chronyc or []
         self._chrony_interval_s = chrony_interval_s
-        self._chrony: tuple[float, dict[str, Any]] | None = None  # (monotonic time, reading)
+        # (monotonic time, reading or why not)
+        self._chrony: tuple[float, ChronyTracking | str] | None = None
         self._skew_file = skew_file
         self._step = step_command or []
         self._step_timeout_s = step_timeout_s
@@ -147,50 +192,61 @@ class ClockCollector:
     def local_time(self) -> float:
         return time.time() + self.skew_ms() / 1000
 
-    def collect(self, now: float) -> Sample:
-        values: dict[str, Any] = {"adjtimex": read_adjtimex() if self._adjtimex else None}
-        values |= self._read_chrony(time.monotonic())
-        values["peer"] = self.peer.latest()
-        values |= self._best(values)
-        self.last_offset_ms = values["offset_ms"]
-        return Sample(collector=self.name, time=now, values=values)
+    def collect(self, now: float) -> ClockSample:
+        kernel = read_adjtimex() if self._adjtimex else None
+        chrony = self._read_chrony(time.monotonic())
+        tracking = chrony if isinstance(chrony, ChronyTracking) else None
+        latest = self.peer.latest()
+        peer = msgspec.convert(latest, PeerOffset) if latest is not None else None
+        skew = self.skew_ms()
+        offset, bound, source = self._best(tracking, peer, skew)
+        self.last_offset_ms = offset
+        return ClockSample(
+            time=now,
+            adjtimex=kernel,
+            chrony=tracking,
+            chrony_error=chrony if isinstance(chrony, str) else "",
+            peer=peer,
+            offset_ms=offset,
+            bound_ms=bound,
+            source=source,
+            synced=(kernel is None or kernel.synced) and (tracking is None or tracking.synced),
+            skew_ms=skew,
+        )
 
-    def _read_chrony(self, mono: float) -> dict[str, Any]:
+    def _read_chrony(self, mono: float) -> ChronyTracking | str:
+        """chrony's tracking, reused for ``chrony_interval_s``; or why there is none."""
         if not self._chronyc:
-            return {"chrony": None, "chrony_error": "not configured"}
+            return "not configured"
         if self._chrony is None or mono - self._chrony[0] >= self._chrony_interval_s:
             self._chrony = (mono, self._run_chronyc())
-        reading = self._chrony[1]
-        if "error" in reading:
-            return {"chrony": None, "chrony_error": reading["error"]}
-        return {"chrony": reading, "chrony_error": ""}
+        return self._chrony[1]
 
-    def _run_chronyc(self) -> dict[str, Any]:
+    def _run_chronyc(self) -> ChronyTracking | str:
         try:
             result = subprocess.run(
                 self._chronyc, capture_output=True, text=True, timeout=5, check=False
             )
             if result.returncode != 0:
-                return {"error": (result.stderr or result.stdout).strip()[:200]}
+                return (result.stderr or result.stdout).strip()[:200]
             return parse_tracking(result.stdout)
         except FileNotFoundError:
-            return {"error": f"no {self._chronyc[0]}"}
+            return f"no {self._chronyc[0]}"
         except (subprocess.SubprocessError, ValueError) as exc:
-            return {"error": str(exc)}
+            return str(exc)
 
-    def _best(self, values: dict[str, Any]) -> dict[str, Any]:
-        skew = self.skew_ms()
-        kernel, chrony, peer = values["adjtimex"], values["chrony"], values["peer"]
-        synced = (kernel is None or kernel["synced"]) and (chrony is None or chrony["synced"])
-        best: dict[str, Any] = {"offset_ms": None, "bound_ms": None, "source": "none"}
-        if peer is not None:  # measured with the skewed clock already
-            best = {"offset_ms": peer["offset_ms"], "bound_ms": peer["bound_ms"], "source": "peer"}
-        elif chrony is not None:
-            offset = chrony["offset_ms"] + skew
-            best = {"offset_ms": offset, "bound_ms": chrony["bound_ms"], "source": "chrony"}
-        elif self._skew_file is not None:
-            best = {"offset_ms": skew, "bound_ms": 0.0, "source": "skew_file"}
-        return best | {"synced": synced, "skew_ms": skew}
+    def _best(
+        self, chrony: ChronyTracking | None, peer: PeerOffset | None, skew: float
+    ) -> tuple[float | None, float | None, str]:
+        """(offset, bound, source) from the best source present: the coordinator (measured
+        with the skewed clock already), else chrony, else a simulated node's skew alone."""
+        if peer is not None:
+            return peer.offset_ms, peer.bound_ms, "peer"
+        if chrony is not None:
+            return chrony.offset_ms + skew, chrony.bound_ms, "chrony"
+        if self._skew_file is not None:
+            return skew, 0.0, "skew_file"
+        return None, None, "none"
 
     async def resync(self) -> ClockResynced:
         """Run the step command, then measure again: the ``resync_clock`` command."""
@@ -200,8 +256,8 @@ class ClockCollector:
         if self.peer.attached:
             await self.peer.measure()
         sample = await asyncio.to_thread(self._fresh_sample)
-        after = sample.values["offset_ms"]
-        ok = ok and sample.values["synced"] and (after is None or abs(after) <= self._max_offset_ms)
+        after = sample.offset_ms
+        ok = ok and sample.synced and (after is None or abs(after) <= self._max_offset_ms)
         text = "n/a" if after is None else f"{after:+.2f} ms"
         was = "n/a" if before is None else f"{before:+.2f} ms"
         return ClockResynced(
@@ -227,6 +283,6 @@ class ClockCollector:
             return False, f"{self._step[0]} exited with {result.returncode}: {why}"
         return True, ""
 
-    def _fresh_sample(self) -> Sample:
+    def _fresh_sample(self) -> ClockSample:
         self._chrony = None
         return self.collect(time.time())

@@ -6,7 +6,7 @@ receive and send times ``t2`` and ``t3``; the reply arrives at ``t4``. The agent
 asymmetry, the true offset lies within half the round trip ``(t4 - t1) - (t3 - t2)`` of it.
 Of a burst of probes the one with the shortest round trip wins: its bound is the tightest.
 
-:func:`serve` is the responder; coordinators run it (in a queue group, so one answers).
+The responder is :mod:`ringmaster.clock_responder`; coordinators run it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from typing import Any
 import msgspec
 import structlog
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from proto import subjects
@@ -28,22 +26,7 @@ from proto.codec import encode
 from proto.node import ClockProbe, ClockReply
 
 log = structlog.get_logger()
-_probe = msgspec.json.Decoder(ClockProbe)
 _reply = msgspec.json.Decoder(ClockReply)
-
-
-async def serve(nc: Client, cluster: str, clock: Callable[[], float] = time.time) -> Subscription:
-    """Answer clock probes with this process's clock."""
-
-    async def answer(msg: Msg) -> None:
-        t2 = clock()
-        try:
-            probe = _probe.decode(msg.data)
-        except msgspec.DecodeError:
-            return
-        await msg.respond(encode(ClockReply(t1=probe.t1, t2=t2, t3=clock())))
-
-    return await nc.subscribe(subjects.clock(cluster), queue="clock", cb=answer)
 
 
 class PeerClock:

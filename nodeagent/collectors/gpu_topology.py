@@ -6,17 +6,14 @@ PCIe ancestor from ``nvmlDeviceGetTopologyCommonAncestor``: ``PIX`` (one PCIe sw
 (across sockets). NVLinks count per pair from each link's state and its remote PCI bus id;
 links that end on an NVSwitch join every pair of switch-attached GPUs (HGX boards), as many
 as the pair's smaller count of switch links. The matrix is symmetric: a pair counts the
-links both ends see as active.
-
-``values`` = ``{"gpus": ["GPU0", ...], "bus_ids": [...], "matrix": [[...]],
-"nvlinks": [active links per GPU], "errors": {index: str}}``; a GPU that cannot be read has
-"?" in its row and column.
+links both ends see as active. A GPU that cannot be read has "?" in its row and column.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
 import pynvml
 
 from nodeagent.collectors.base import Sample
@@ -33,6 +30,14 @@ LEVEL_NAMES = {
 _SWITCH = pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH
 # The end of a GPU's links: an index past its last link, or no NVLink at all.
 _NO_MORE_LINKS = frozenset({pynvml.NVML_ERROR_INVALID_ARGUMENT, pynvml.NVML_ERROR_NOT_SUPPORTED})
+
+
+class GpuTopologySample(Sample, kw_only=True):
+    gpus: list[str] = msgspec.field(default_factory=list)  # "GPU0", ...: the matrix's labels
+    bus_ids: list[str] = msgspec.field(default_factory=list)
+    matrix: list[list[str]] = msgspec.field(default_factory=list)
+    nvlinks: list[int | None] = msgspec.field(default_factory=list)  # active links per GPU
+    errors: dict[str, str] = msgspec.field(default_factory=dict)  # GPU or "i-j" → NVML error
 
 
 class _Links:
@@ -58,7 +63,7 @@ class GpuTopologyCollector:
         self.interval_s = interval_s
         self._nvml = session
 
-    def collect(self, now: float) -> Sample:
+    def collect(self, now: float) -> GpuTopologySample:
         self._nvml.ensure()
         count = self._nvml.count()
         handles: dict[int, Handle] = {}
@@ -85,14 +90,14 @@ class GpuTopologyCollector:
                     errors[f"{i}-{j}"] = str(exc)
                     continue
                 matrix[i][j] = matrix[j][i] = cell
-        values = {
-            "gpus": [f"GPU{i}" for i in range(count)],
-            "bus_ids": buses,
-            "matrix": matrix,
-            "nvlinks": [links[i].active if i in links else None for i in range(count)],
-            "errors": errors,
-        }
-        return Sample(collector=self.name, time=now, values=values)
+        return GpuTopologySample(
+            time=now,
+            gpus=[f"GPU{i}" for i in range(count)],
+            bus_ids=buses,
+            matrix=matrix,
+            nvlinks=[links[i].active if i in links else None for i in range(count)],
+            errors=errors,
+        )
 
 
 def _read_links(handle: Handle) -> _Links:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+
+import msgspec
 
 from nodeagent.collectors.base import CollectorUnavailable, Roots, Sample
 
@@ -39,6 +40,22 @@ class _Reading:
     ios: int  # read + write I/Os completed
     ticks_ms: int  # read + write ticks
     in_flight: int
+
+
+class NvmeDeviceReading(msgspec.Struct, kw_only=True):
+    """One namespace over one window (see :class:`NvmeLatencyCollector` for the cases)."""
+
+    readonly: bool  # the kernel's ro flag
+    in_flight: int
+    latency_us: float | None = None
+    iops: float = 0.0
+    idle: bool = False
+    stalled: bool = False
+
+
+class NvmeLatencySample(Sample, kw_only=True):
+    devices: dict[str, NvmeDeviceReading] = msgspec.field(default_factory=dict)
+    errors: dict[str, str] = msgspec.field(default_factory=dict)  # device → what went wrong
 
 
 def parse_stat(text: str) -> tuple[int, int, int]:
@@ -67,9 +84,6 @@ def parse_ro(text: str) -> bool:
 class NvmeLatencyCollector:
     """Mean I/O latency, IOPS and the read-only flag of each NVMe namespace.
 
-    ``values`` = ``{"devices": {dev: {"latency_us", "iops", "readonly", "in_flight", "idle",
-    "stalled"}}, "errors": {dev: msg}}``.
-
     ``latency_us`` is the mean over the window. When no I/O completed in it there is nothing
     to average: if nothing is in flight either the device is ``idle`` (latency None); if I/Os
     were in flight at both ends of the window, at least one of them has waited the whole
@@ -88,10 +102,10 @@ class NvmeLatencyCollector:
         self._only = devices
         self._last: dict[str, _Reading] = {}
 
-    def collect(self, now: float) -> Sample:
+    def collect(self, now: float) -> NvmeLatencySample:
         present = self._discover()
         wanted = self._only if self._only is not None else present
-        devices: dict[str, dict[str, Any]] = {}
+        devices: dict[str, NvmeDeviceReading] = {}
         errors: dict[str, str] = {}
         for dev in sorted(set(self._last) - set(present)):
             errors[dev] = "device vanished"
@@ -105,7 +119,7 @@ class NvmeLatencyCollector:
             except (OSError, StatError) as exc:
                 self._last.pop(dev, None)
                 errors[dev] = _describe(exc)
-        return Sample(collector=self.name, time=now, values={"devices": devices, "errors": errors})
+        return NvmeLatencySample(time=now, devices=devices, errors=errors)
 
     def _discover(self) -> list[str]:
         try:
@@ -117,28 +131,27 @@ class NvmeLatencyCollector:
             raise CollectorUnavailable(f"no NVMe block devices under {self._block}")
         return names
 
-    def _read(self, dev: str, now: float) -> dict[str, Any]:
+    def _read(self, dev: str, now: float) -> NvmeDeviceReading:
         base = f"{self._block}/{dev}"
         ios, ticks, in_flight = parse_stat(read_small(f"{base}/stat"))
         readonly = parse_ro(read_small(f"{base}/ro"))
-        current = _Reading(now, ios, ticks, in_flight)
         previous = self._last.get(dev)
-        self._last[dev] = current
-        reading: dict[str, Any] = {"latency_us": None, "iops": 0.0, "readonly": readonly}
-        reading |= {"in_flight": in_flight, "idle": False, "stalled": False}
+        self._last[dev] = _Reading(now, ios, ticks, in_flight)
         if previous is None or ios < previous.ios or ticks < previous.ticks_ms:
-            return reading
-        d_ios = ios - previous.ios
+            return NvmeDeviceReading(readonly=readonly, in_flight=in_flight)
+        d_ios, window = ios - previous.ios, now - previous.time
         if d_ios:
-            reading["latency_us"] = (ticks - previous.ticks_ms) * 1000.0 / d_ios
-        elif in_flight and previous.in_flight:
-            reading["latency_us"] = max(0.0, now - previous.time) * 1e6
-            reading["stalled"] = True
-        else:
-            reading["idle"] = in_flight == 0
-        if now > previous.time:
-            reading["iops"] = d_ios / (now - previous.time)
-        return reading
+            latency = (ticks - previous.ticks_ms) * 1000.0 / d_ios
+            iops = d_ios / window if window > 0 else 0.0
+            return NvmeDeviceReading(
+                readonly=readonly, in_flight=in_flight, latency_us=latency, iops=iops
+            )
+        if in_flight and previous.in_flight:
+            stalled_us = max(0.0, window) * 1e6  # a lower bound: one I/O waited all along
+            return NvmeDeviceReading(
+                readonly=readonly, in_flight=in_flight, latency_us=stalled_us, stalled=True
+            )
+        return NvmeDeviceReading(readonly=readonly, in_flight=in_flight, idle=in_flight == 0)
 
 
 def read_small(path: str) -> str:

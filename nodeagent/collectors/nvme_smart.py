@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from typing import Any
+
+import msgspec
 
 from nodeagent.collectors.base import CollectorUnavailable, Roots, Sample
 from nodeagent.collectors.nvme import WHOLE_DISK
@@ -37,7 +38,23 @@ class SmartError(ValueError):
     """The command ran but its output is not a SMART log."""
 
 
-def parse_smart(text: str) -> dict[str, Any]:
+class SmartLog(msgspec.Struct, kw_only=True):
+    """The fields we use from one controller's SMART log."""
+
+    critical_warning: int
+    warnings: list[str]  # the names of critical_warning's bits that are set
+    media_readonly: bool  # bit 3
+    temperature_c: float | None = None
+    avail_spare_pct: float | None = None
+    percent_used: float | None = None
+
+
+class NvmeSmartSample(Sample, kw_only=True):
+    devices: dict[str, SmartLog] = msgspec.field(default_factory=dict)
+    errors: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+def parse_smart(text: str) -> SmartLog:
     """The fields we use from ``nvme smart-log -o json``. ``critical_warning`` is a number
     in nvme-cli 1.x and 2.x, an object with a ``value`` in later verbose layouts."""
     try:
@@ -48,20 +65,27 @@ def parse_smart(text: str) -> dict[str, Any]:
         warning = int(warning)
     except (ValueError, KeyError, TypeError) as exc:
         raise SmartError(f"not a SMART log: {exc!r} in {text.strip()[:80]!r}") from None
-    kelvin = log.get("temperature")
-    return {
-        "critical_warning": warning,
-        "warnings": [name for bit, name in WARNINGS.items() if warning & bit],
-        "media_readonly": bool(warning & 0x8),
-        "temperature_c": round(kelvin - 273.15, 1) if isinstance(kelvin, int | float) else None,
-        "avail_spare_pct": log.get("avail_spare"),
-        "percent_used": log.get("percent_used", log.get("percentage_used")),
-    }
+    kelvin = _number(log.get("temperature"))
+    return SmartLog(
+        critical_warning=warning,
+        warnings=[name for bit, name in WARNINGS.items() if warning & bit],
+        media_readonly=bool(warning & 0x8),
+        temperature_c=round(kelvin - 273.15, 1) if kelvin is not None else None,
+        avail_spare_pct=_number(log.get("avail_spare")),
+        percent_used=_number(log.get("percent_used", log.get("percentage_used"))),
+    )
+
+
+def _number(value: object) -> float | None:
+    """A numeric field of the log, or None when absent or not a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
 
 
 class NvmeSmartCollector:
-    """``values`` = ``{"devices": {dev: {"critical_warning", "warnings", "media_readonly",
-    "temperature_c", "avail_spare_pct", "percent_used"}}, "errors": {dev: msg}}``."""
+    """The SMART log of every NVMe namespace's controller; a device whose command fails or
+    answers garbage is an entry in ``errors``, the others are read."""
 
     name = "nvme_smart"
 
@@ -78,7 +102,7 @@ class NvmeSmartCollector:
         self._command = list(command or DEFAULT_COMMAND)
         self._timeout_s = timeout_s
 
-    def collect(self, now: float) -> Sample:
+    def collect(self, now: float) -> NvmeSmartSample:
         block = self._roots.sysfs / "block"
         try:
             names = sorted(p.name for p in block.iterdir() if WHOLE_DISK.fullmatch(p.name))
@@ -86,14 +110,14 @@ class NvmeSmartCollector:
             raise CollectorUnavailable(f"cannot list {block}: {exc.strerror}") from exc
         if not names:
             raise CollectorUnavailable(f"no NVMe block devices under {block}")
-        devices: dict[str, dict[str, Any]] = {}
+        devices: dict[str, SmartLog] = {}
         errors: dict[str, str] = {}
         for dev in names:
             try:
                 devices[dev] = parse_smart(self._run(dev))
             except (SmartError, subprocess.SubprocessError) as exc:
                 errors[dev] = str(exc)
-        return Sample(collector=self.name, time=now, values={"devices": devices, "errors": errors})
+        return NvmeSmartSample(time=now, devices=devices, errors=errors)
 
     def _run(self, dev: str) -> str:
         fields = {"dev": str(self._roots.dev), "device": dev}

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
+import msgspec
 import pyudev
 
 from nodeagent.collectors.base import CollectorUnavailable, Roots, Sample
@@ -32,22 +33,36 @@ def pick_source(source: str, control: Path = UDEV_CONTROL) -> str:
     return "udev" if control.exists() else "kernel"
 
 
+class ReadonlyChange(msgspec.Struct, kw_only=True):
+    """A disk's read-only state after one change uevent: as its ``DISK_RO`` said, or as its
+    ``ro`` file read when the uevent did not say."""
+
+    device: str
+    readonly: bool
+    via: Literal["DISK_RO", "ro"]
+
+
+class NvmeUdevSample(Sample, kw_only=True):
+    source: str  # "kernel" | "udev"
+    changes: list[ReadonlyChange] = msgspec.field(default_factory=list)  # in arrival order
+    errors: dict[str, str] = msgspec.field(default_factory=dict)
+
+
 def change_of(
     action: str | None, name: str, properties: dict[str, str], block: Path
-) -> dict[str, Any] | None:
+) -> ReadonlyChange | None:
     """What one uevent says about a disk's read-only state, or None if nothing."""
     if action != "change":
         return None
     flag = properties.get("DISK_RO")
     if flag in ("0", "1"):
-        return {"device": name, "readonly": flag == "1", "from": "DISK_RO"}
+        return ReadonlyChange(device=name, readonly=flag == "1", via="DISK_RO")
     readonly = parse_ro((block / name / "ro").read_text(encoding="ascii", errors="replace"))
-    return {"device": name, "readonly": readonly, "from": "ro"}
+    return ReadonlyChange(device=name, readonly=readonly, via="ro")
 
 
 class NvmeUdevCollector:
-    """``values`` = ``{"source": "kernel" | "udev", "changes": [{"device", "readonly",
-    "from"}], "errors": {dev: msg}}``, in arrival order."""
+    """Every pending change uevent of the watched block devices, drained without blocking."""
 
     name = "nvme_udev"
 
@@ -69,10 +84,10 @@ class NvmeUdevCollector:
         """The monitor's socket once open: readable when uevents are pending."""
         return self._monitor.fileno() if self._monitor is not None else None
 
-    def collect(self, now: float) -> Sample:
+    def collect(self, now: float) -> NvmeUdevSample:
         if self._monitor is None:
             self._monitor = self._open()
-        changes: list[dict[str, Any]] = []
+        changes: list[ReadonlyChange] = []
         errors: dict[str, str] = {}
         while (device := self._monitor.poll(timeout=0)) is not None:
             name = device.sys_name
@@ -85,8 +100,7 @@ class NvmeUdevCollector:
                 continue
             if change is not None:
                 changes.append(change)
-        values = {"source": self.source, "changes": changes, "errors": errors}
-        return Sample(collector=self.name, time=now, values=values)
+        return NvmeUdevSample(time=now, source=self.source, changes=changes, errors=errors)
 
     def _open(self) -> pyudev.Monitor:
         try:

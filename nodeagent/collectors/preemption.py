@@ -7,9 +7,8 @@ detected (AWS's token endpoint, then GCP's ``Metadata-Flavor`` header, then Azur
 instance endpoint); off any cloud detection fails quickly and is retried only every
 ``redetect_s``, the collector reporting itself unavailable meanwhile.
 
-``values`` = ``{"provider": str, "notice": None | {"action", "deadline" (ISO 8601 UTC),
-"detail"}}``. A metadata service that errors makes the collection fail (the daemon records
-it), not a notice.
+A metadata service that errors makes the collection fail (the daemon records it), not a
+notice.
 """
 
 from __future__ import annotations
@@ -19,8 +18,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
-from typing import Any
 from urllib.parse import SplitResult, urlsplit
+
+import msgspec
 
 from nodeagent.collectors.base import CollectorUnavailable, Sample
 
@@ -30,6 +30,17 @@ PROVIDERS = ("aws", "gcp", "azure")
 
 class MetadataError(OSError):
     """The metadata service answered something unusable."""
+
+
+class Notice(msgspec.Struct, kw_only=True):
+    action: str  # terminate, stop, preempt, ...
+    deadline: datetime  # UTC
+    detail: str  # the provider's words or the event's id
+
+
+class PreemptionSample(Sample, kw_only=True):
+    provider: str
+    notice: Notice | None = None
 
 
 class PreemptionCollector:
@@ -61,12 +72,10 @@ class PreemptionCollector:
         self._azure_name: str | None = None
         self._connections: dict[str, HTTPConnection] = {}  # netloc → kept alive
 
-    def collect(self, now: float) -> Sample:
+    def collect(self, now: float) -> PreemptionSample:
         provider = self._provider or self._detect()
         notice = {"aws": self._aws, "gcp": self._gcp, "azure": self._azure}[provider]()
-        return Sample(
-            collector=self.name, time=now, values={"provider": provider, "notice": notice}
-        )
+        return PreemptionSample(time=now, provider=provider, notice=notice)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -150,7 +159,7 @@ class PreemptionCollector:
         self._token = (body.strip(), time.monotonic() + AWS_TOKEN_TTL_S - 60)
         return self._token[0]
 
-    def _aws(self) -> dict[str, Any] | None:
+    def _aws(self) -> Notice | None:
         url = f"{self._urls['aws']}/latest/meta-data/spot/instance-action"
         status, body = self._request(url, {"X-aws-ec2-metadata-token": self._aws_token()})
         if status == 401:  # the token expired early (instance stopped and started)
@@ -162,11 +171,11 @@ class PreemptionCollector:
             raise MetadataError(f"instance-action: HTTP {status}")
         try:
             doc = json.loads(body)
-            action = doc.get("action") or doc["instance-action"]
+            action = str(doc.get("action") or doc["instance-action"])
             deadline = datetime.fromisoformat(doc["time"]).astimezone(UTC)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise MetadataError(f"instance-action: unreadable {body[:120]!r}") from exc
-        return _notice(action, deadline, "spot instance-action")
+        return Notice(action=action, deadline=deadline, detail="spot instance-action")
 
     # -- GCP ---------------------------------------------------------------------------
 
@@ -176,7 +185,7 @@ class PreemptionCollector:
         if status != 200 or headers.get("Metadata-Flavor") != "Google":
             raise MetadataError("not GCP's metadata server")
 
-    def _gcp(self) -> dict[str, Any] | None:
+    def _gcp(self) -> Notice | None:
         url = f"{self._urls['gcp']}/computeMetadata/v1/instance/preempted"
         status, body = self._request(url, {"Metadata-Flavor": "Google"})
         if status != 200:
@@ -187,7 +196,7 @@ class PreemptionCollector:
         # GCP gives no deadline: preemption comes about 30 s after the flag turns TRUE.
         self._gcp_since = self._gcp_since or datetime.now(UTC)
         deadline = self._gcp_since + timedelta(seconds=self._gcp_deadline_s)
-        return _notice("terminate", deadline, "instance/preempted is TRUE")
+        return Notice(action="terminate", deadline=deadline, detail="instance/preempted is TRUE")
 
     # -- Azure -------------------------------------------------------------------------
 
@@ -197,7 +206,7 @@ class PreemptionCollector:
         if status != 200:
             raise MetadataError(f"Azure instance metadata: HTTP {status}")
 
-    def _azure(self) -> dict[str, Any] | None:
+    def _azure(self) -> Notice | None:
         base, headers = self._urls["azure"], {"Metadata": "true"}
         if self._azure_name is None:
             url = f"{base}/metadata/instance/compute/name?api-version=2021-02-01&format=text"
@@ -217,9 +226,9 @@ class PreemptionCollector:
             if event.get("EventType") == "Preempt" and mine:
                 not_before = event.get("NotBefore") or ""
                 deadline = parsedate_to_datetime(not_before) if not_before else datetime.now(UTC)
-                return _notice("preempt", deadline.astimezone(UTC), event.get("EventId", ""))
+                return Notice(
+                    action="preempt",
+                    deadline=deadline.astimezone(UTC),
+                    detail=str(event.get("EventId", "")),
+                )
         return None
-
-
-def _notice(action: str, deadline: datetime, detail: str) -> dict[str, Any]:
-    return {"action": action, "deadline": deadline.isoformat(), "detail": detail}

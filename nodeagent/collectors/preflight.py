@@ -9,8 +9,8 @@ on demand (``nodeagent --preflight``), then every ``interval_s``.
 * ``/dev/shm``'s size: checkpoints are staged there and DeepSpeed and NCCL keep buffers
   there; containers default to 64 MB.
 
-A directory that does not exist yet is measured on the mount that would hold it.
-``values`` = ``{"ok": bool, "checks": [{"name", "ok", "value", "want"}]}``.
+A directory that does not exist yet is measured on the mount that would hold it. Each
+check is the contract's :class:`PreflightCheck`, as the ``node.preflight`` event carries it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nodeagent.collectors.base import Roots, Sample
+from proto.events import PreflightCheck
 
 GB = 1e9
 
@@ -39,6 +39,11 @@ def existing(path: Path) -> Path:
     return path
 
 
+class PreflightSample(Sample, kw_only=True):
+    ok: bool  # every check passed
+    checks: list[PreflightCheck]
+
+
 class PreflightCollector:
     name = "preflight"
 
@@ -47,9 +52,9 @@ class PreflightCollector:
         roots: Roots,
         *,
         needs: list[SpaceNeed],
-        interval_s: float = 300.0,
-        somaxconn_min: int = 65535,
-        shm_min_gb: float = 8.0,
+        interval_s: float,
+        somaxconn_min: int,
+        shm_min_gb: float,
     ) -> None:
         self.interval_s = interval_s
         self._roots = roots
@@ -57,14 +62,13 @@ class PreflightCollector:
         self._somaxconn_min = somaxconn_min
         self._shm_min_gb = shm_min_gb
 
-    def collect(self, now: float) -> Sample:
+    def collect(self, now: float) -> PreflightSample:
         checks = [self._somaxconn()]
         checks += [self._space(need) for need in self._needs]
         checks.append(self._shm())
-        values = {"ok": all(c["ok"] for c in checks), "checks": checks}
-        return Sample(collector=self.name, time=now, values=values)
+        return PreflightSample(time=now, ok=all(c.ok for c in checks), checks=checks)
 
-    def _somaxconn(self) -> dict[str, Any]:
+    def _somaxconn(self) -> PreflightCheck:
         want = f">= {self._somaxconn_min}"
         path = self._roots.procfs / "sys" / "net" / "core" / "somaxconn"
         try:
@@ -73,7 +77,7 @@ class PreflightCollector:
             return _check("somaxconn", False, f"unreadable: {_why(exc)}", want)
         return _check("somaxconn", value >= self._somaxconn_min, str(value), want)
 
-    def _space(self, need: SpaceNeed) -> dict[str, Any]:
+    def _space(self, need: SpaceNeed) -> PreflightCheck:
         name, want = f"{need.name}_space", f">= {need.need_gb:g} GB free at {need.path}"
         try:
             stat = os.statvfs(existing(need.path))
@@ -82,7 +86,7 @@ class PreflightCollector:
         free = stat.f_bavail * stat.f_frsize / GB
         return _check(name, free >= need.need_gb, f"{free:.1f} GB free", want)
 
-    def _shm(self) -> dict[str, Any]:
+    def _shm(self) -> PreflightCheck:
         path = self._roots.dev / "shm"
         want = f">= {self._shm_min_gb:g} GB"
         try:
@@ -93,8 +97,8 @@ class PreflightCollector:
         return _check("shm_size", size >= self._shm_min_gb, f"{size:.1f} GB", want)
 
 
-def _check(name: str, ok: bool, value: str, want: str) -> dict[str, Any]:
-    return {"name": name, "ok": ok, "value": value, "want": want}
+def _check(name: str, ok: bool, value: str, want: str) -> PreflightCheck:
+    return PreflightCheck(name=name, ok=ok, value=value, want=want)
 
 
 def _why(exc: Exception) -> str:

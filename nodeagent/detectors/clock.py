@@ -2,51 +2,46 @@
 ``max_offset_ms`` beyond the measurement's own uncertainty.
 
 The coordinator answers a drift with a resync (and drains the node if it persists), so the
-event must not flap: it is raised after ``confirm`` bad samples and cleared (``recovered``)
-only once the clock is synchronised and within ``recover_ms`` for ``hold_s``: an offset
-between the two thresholds neither raises nor clears it. The uncertainty (``bound_ms``) is
-subtracted before comparing with ``max_offset_ms``: a slow round trip is not a wrong clock.
+event must not flap: the node-wide ``clock.drift`` condition opens after ``confirm`` bad
+samples and closes (``recovered``) only once the clock is synchronised and within
+``recover_ms`` for ``hold_s``: an offset between the two thresholds neither opens nor
+closes it. The uncertainty (``bound_ms``) is subtracted before comparing with
+``max_offset_ms``: a slow round trip is not a wrong clock.
 """
 
 from __future__ import annotations
 
-from nodeagent.collectors.base import Sample
-from nodeagent.detectors.latch import Change, Latch
-from proto.events import ClockDrift, EventBase, Severity
+from nodeagent.collectors.clock import ClockSample
+from nodeagent.config import ClockSettings
+from nodeagent.detectors.latch import Change, ConditionLatch
+from proto.conditions import ConditionKind, Severity
+from proto.events import ClockDrift, EventBase
 
 
 class ClockDriftDetector:
-    collector = "clock"
-
-    def __init__(
-        self,
-        node: str,
-        *,
-        max_offset_ms: float = 5.0,
-        recover_ms: float = 2.0,
-        confirm: int = 2,
-        hold_s: float = 5.0,
-    ) -> None:
-        if not 0 < recover_ms <= max_offset_ms:
-            raise ValueError(f"need 0 < recover_ms ({recover_ms}) <= max_offset_ms")
+    def __init__(self, node: str, settings: ClockSettings) -> None:
         self.node = node
-        self.max_offset_ms = max_offset_ms
-        self.recover_ms = recover_ms
-        self._latch = Latch(confirm=confirm, hold_s=hold_s)
+        self.settings = settings
+        self._latch = ConditionLatch(
+            ConditionKind.CLOCK,
+            node,
+            "",
+            severity=Severity.WARNING,
+            confirm=settings.confirm,
+            hold_s=settings.hold_s,
+        )
 
-    def observe(self, sample: Sample) -> list[EventBase]:
-        values = sample.values
-        synced = bool(values.get("synced", True))
-        offset, bound = values.get("offset_ms"), values.get("bound_ms") or 0.0
+    def observe(self, sample: ClockSample) -> list[EventBase]:
+        offset, bound, synced = sample.offset_ms, sample.bound_ms or 0.0, sample.synced
         bad: bool
         if not synced:
             bad = True
         elif offset is None:
             bad = False
-        elif self._latch.raised:  # recovering: must come within recover_ms, and stay
-            bad = abs(offset) > self.recover_ms
+        elif self._latch.open:  # recovering: must come within recover_ms, and stay
+            bad = abs(offset) > self.settings.recover_ms
         else:
-            bad = abs(offset) - bound > self.max_offset_ms
+            bad = abs(offset) - bound > self.settings.max_offset_ms
         change = self._latch.update(bad, sample.time)
         if change is None:
             return []
@@ -57,15 +52,23 @@ class ClockDriftDetector:
         elif not synced:
             message = f"clock unsynchronised ({shown})"
         else:
-            message = f"clock {shown} (±{bound:.2f}) beyond {self.max_offset_ms:g} ms"
+            message = f"clock {shown} (±{bound:.2f}) beyond {self.settings.max_offset_ms:g} ms"
+        condition = self._latch.record(
+            change,
+            sample.time,
+            reason=message,
+            value=offset if synced else None,  # unsynchronised: no offset to trust
+            threshold=self.settings.recover_ms if recovered else self.settings.max_offset_ms,
+        )
         return [
             ClockDrift(
                 severity=Severity.INFO if recovered else Severity.WARNING,
                 node=self.node,
                 offset_ms=offset if offset is not None else 0.0,
                 synced=synced,
-                source=str(values.get("source", "")),
+                source=sample.source,
                 recovered=recovered,
                 message=message,
+                condition=condition,
             )
         ]

@@ -8,18 +8,21 @@ raises a critical event at run time. What is expected comes from ``expect_nvlink
 * ``baseline``: the pairs on NVLink in the first complete matrix, with at least as many
   links (a node that boots degraded is not caught; use ``all`` where boards are uniform);
 * ``none``: no expectation; only the ``topology`` matrix is published.
+
+Each degraded pair is one ``topology.degraded`` condition (subject ``"A-B"``, critical;
+value: the NVLinks found, threshold: those expected).
 """
 
 from __future__ import annotations
 
 import re
 
-from nodeagent.collectors.base import Sample
-from nodeagent.collectors.gpu_topology import render
-from nodeagent.detectors.latch import Change, Latch
-from proto.events import EventBase, Severity, Topology, TopologyDegraded
+from nodeagent.collectors.gpu_topology import GpuTopologySample, render
+from nodeagent.config import GpuSettings
+from nodeagent.detectors.latch import Change, ConditionLatches
+from proto.conditions import Condition, ConditionKind, Severity
+from proto.events import EventBase, Topology, TopologyDegraded
 
-EXPECTATIONS = ("all", "baseline", "none")
 _NV = re.compile(r"NV(\d+)")
 
 
@@ -29,21 +32,21 @@ def nvlinks(cell: str) -> int:
 
 
 class GpuTopologyDetector:
-    collector = "gpu_topology"
-
-    def __init__(self, node: str, *, expect_nvlink: str = "baseline", confirm: int = 2) -> None:
-        if expect_nvlink not in EXPECTATIONS:
-            raise ValueError(f"expect_nvlink must be one of {EXPECTATIONS}")
+    def __init__(self, node: str, settings: GpuSettings) -> None:
         self.node = node
-        self.expect_nvlink = expect_nvlink
-        self.confirm = confirm
+        self.expect_nvlink = settings.expect_nvlink
         self._matrix: list[list[str]] | None = None
         self._expected: dict[tuple[int, int], str] | None = None
-        self._latches: dict[tuple[int, int], Latch] = {}
+        self._latches = ConditionLatches(
+            ConditionKind.TOPOLOGY,
+            node,
+            severity=Severity.CRITICAL,
+            confirm=settings.topology_confirm,
+            hold_s=0.0,
+        )
 
-    def observe(self, sample: Sample) -> list[EventBase]:
-        labels: list[str] = sample.values.get("gpus", [])
-        matrix: list[list[str]] = sample.values.get("matrix", [])
+    def observe(self, sample: GpuTopologySample) -> list[EventBase]:
+        labels, matrix = sample.gpus, sample.matrix
         events: list[EventBase] = []
         if matrix != self._matrix:
             self._matrix = matrix
@@ -58,11 +61,15 @@ class GpuTopologyDetector:
         expected = self._expectation(matrix)
         for (a, b), want in sorted(expected.items()):
             found = matrix[a][b] if a < len(matrix) and b < len(matrix) else "?"
-            latch = self._latches.setdefault((a, b), Latch(confirm=self.confirm))
-            bad = None if found == "?" else nvlinks(found) < max(1, nvlinks(want))
-            change = latch.update(bad, sample.time)
+            latch = self._latches[f"{a}-{b}"]
+            links, wanted = nvlinks(found), max(1, nvlinks(want))
+            change = latch.update(None if found == "?" else links < wanted, sample.time)
             if change is not None:
-                events.append(self._event(a, b, want, found, change))
+                reason = _message(a, b, want, found, change)
+                condition = latch.record(
+                    change, sample.time, reason=reason, value=links, threshold=wanted
+                )
+                events.append(self._event(a, b, want, found, condition))
         return events
 
     def _expectation(self, matrix: list[list[str]]) -> dict[tuple[int, int], str]:
@@ -80,20 +87,23 @@ class GpuTopologyDetector:
                 }
         return self._expected
 
-    def _event(self, a: int, b: int, want: str, found: str, change: Change) -> TopologyDegraded:
-        recovered = change is Change.CLEARED
-        message = (
-            f"GPU{a}-GPU{b} back on {found}"
-            if recovered
-            else f"GPU{a}-GPU{b} on {found}, expected {want if want != 'NV' else 'NVLink'}"
-        )
+    def _event(
+        self, a: int, b: int, want: str, found: str, condition: Condition
+    ) -> TopologyDegraded:
         return TopologyDegraded(
-            severity=Severity.INFO if recovered else Severity.CRITICAL,
+            severity=Severity.CRITICAL if condition.active else Severity.INFO,
             node=self.node,
             gpu_a=a,
             gpu_b=b,
             expected=want,
             found=found,
-            recovered=recovered,
-            message=message,
+            recovered=not condition.active,
+            message=condition.reason,
+            condition=condition,
         )
+
+
+def _message(a: int, b: int, want: str, found: str, change: Change) -> str:
+    if change is Change.CLEARED:
+        return f"GPU{a}-GPU{b} back on {found}"
+    return f"GPU{a}-GPU{b} on {found}, expected {want if want != 'NV' else 'NVLink'}"

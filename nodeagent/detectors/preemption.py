@@ -1,43 +1,56 @@
 """``spot.notice`` from ``preemption`` samples: once per notice, with its deadline.
 
-A notice is terminal (the machine is going away), so there is no recovery event; when a
-notice disappears (withdrawn, or a test clears it) the detector re-arms for the next one.
+A notice is terminal (the machine is going away), so there is no recovery event. It opens
+a critical ``spot.notice`` condition (subject: the provider); when the notice disappears
+(withdrawn, or a test clears it) the condition closes with no event, since the contract has
+no kind for a withdrawn notice: the heartbeat's active set carries the change, and the
+detector re-arms for the next notice.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from nodeagent.collectors.base import Sample
-from proto.events import EventBase, Severity, SpotNotice
+from nodeagent.collectors.preemption import PreemptionSample
+from nodeagent.detectors.latch import ConditionLatches
+from proto.conditions import Condition, ConditionKind, Severity
+from proto.events import EventBase, SpotNotice
 
 
 class SpotNoticeDetector:
-    collector = "preemption"
-
     def __init__(self, node: str) -> None:
         self.node = node
-        self._active = False
+        self._latches = ConditionLatches(
+            ConditionKind.PREEMPTION, node, severity=Severity.CRITICAL, confirm=1, hold_s=0.0
+        )
+        self._withdrawn: list[Condition] = []
 
-    def observe(self, sample: Sample) -> list[EventBase]:
-        notice = sample.values.get("notice")
-        if not notice:
-            self._active = False
+    def observe(self, sample: PreemptionSample) -> list[EventBase]:
+        notice, provider = sample.notice, sample.provider
+        latch = self._latches[provider]
+        change = latch.update(notice is not None, sample.time)
+        if change is None:
             return []
-        if self._active:
+        if notice is None:
+            reason = f"{provider} preemption notice withdrawn"
+            self._withdrawn.append(latch.record(change, sample.time, reason=reason))
             return []
-        self._active = True
-        provider = str(sample.values.get("provider", ""))
-        deadline = datetime.fromisoformat(notice["deadline"])
-        left = deadline.timestamp() - sample.time
+        left = notice.deadline.timestamp() - sample.time
+        message = (
+            f"{provider} preemption notice: {notice.action} at {notice.deadline:%H:%M:%S} UTC, "
+            f"in {left:.0f} s ({notice.detail})"
+        )
         return [
             SpotNotice(
                 severity=Severity.CRITICAL,
                 node=self.node,
                 provider=provider,
-                action=str(notice["action"]),
-                deadline=deadline,
-                message=f"{provider} preemption notice: {notice['action']} at "
-                f"{deadline:%H:%M:%S} UTC, in {left:.0f} s ({notice.get('detail', '')})",
+                action=notice.action,
+                deadline=notice.deadline,
+                message=message,
+                condition=latch.record(change, sample.time, reason=message),
             )
         ]
+
+    def unannounced(self) -> list[Condition]:
+        """Conditions closed since the last call with no event (withdrawn notices)."""
+        withdrawn, self._withdrawn = self._withdrawn, []
+        return withdrawn

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from nodeagent.sim import nvml_stub
-from nodeagent.sim.faults import GpuTempFault, LinkFault, PcieBwFault
 from nodeagent.sim.nvml_state import GIB, LEVELS, hgx
+from proto.faults import GpuTempFault, LinkFault, PcieBwFault
 
 BUSY_TEMP_C = 58.0
 BUSY_UTIL_PCT = 95

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeagent.collectors.base import Roots
-from nodeagent.sim.faults import (
+from nodeagent.sim.gpus import SimulatedGpus
+from nodeagent.sim.metadata import MetadataServer
+from proto.faults import (
     ClearFault,
     ClockOffsetFault,
     GpuTempFault,
@@ -25,8 +27,6 @@ from nodeagent.sim.faults import (
     SpotNoticeFault,
     parse_fault,
 )
-from nodeagent.sim.gpus import SimulatedGpus
-from nodeagent.sim.metadata import MetadataServer
 
 BASELINE_US = 20.0  # healthy datacentre NVMe under a training job's read load
 NOISE_US = 2.0  # ± per tick
@@ -116,10 +116,6 @@ class SimulatedNode:
         self.smart_dir = root / "smart"
         self.smart_dir.mkdir(parents=True, exist_ok=True)
         self._set_readonly(False)
-
-    @property
-    def devices(self) -> list[str]:
-        return list(self._disks)
 
     def tick(self, dt: float) -> None:
         """Advance every device by ``dt`` seconds of I/O and rewrite its stat file."""

@@ -17,7 +17,7 @@ LEVELS = {"PIX": SINGLE, "PXB": MULTIPLE, "PHB": HOSTBRIDGE, "NODE": NODE, "SYS"
 # nvmlIntNvLinkDeviceType_t
 REMOTE_GPU, REMOTE_SWITCH = 0, 2
 # nvmlReturn_t values tests inject
-DRIVER_NOT_LOADED, NOT_SUPPORTED, GPU_IS_LOST = 9, 3, 15
+DRIVER_NOT_LOADED, NOT_SUPPORTED = 9, 3
 GIB = 1 << 30
 
 
@@ -106,7 +106,7 @@ class StubState:
         partial.replace(target)
 
 
-def hgx(gpus: int = 8, *, links_per_pair: int | None = None, node_id: int = 0) -> StubState:
+def hgx(gpus: int = 8, *, node_id: int = 0) -> StubState:
     """``gpus`` GPUs, idle and cool. Pairs under one PCIe switch are PIX, one socket's two
     switches NODE, across sockets SYS, as on an HGX board; every pair also has direct
     NVLinks (as many as fit in 18 links per GPU, at most 2), so ``nvidia-smi topo -m``
@@ -116,7 +116,7 @@ def hgx(gpus: int = 8, *, links_per_pair: int | None = None, node_id: int = 0) -
         bus = f"00000000:{0x18 + 0x10 * i:02X}:00.0"
         uuid = f"GPU-{node_id:08x}-{i:04x}-4000-8000-{0xAB0000000000 + i:012x}"
         state.gpus.append(StubGpu(bus_id=bus, uuid=uuid))
-    per_pair = links_per_pair if links_per_pair is not None else min(2, 18 // max(1, gpus - 1))
+    per_pair = min(2, 18 // max(1, gpus - 1))
     half = max(1, gpus // 2)
     for a in range(gpus):
         for b in range(a + 1, gpus):

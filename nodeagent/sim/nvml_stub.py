@@ -17,7 +17,6 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("nvml_stub.c")
 LIBRARY = "libnvidia-ml.so.1"
-STATE = "nvml-state.txt"
 _FLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", f"-Wl,-soname,{LIBRARY}"]
 
 

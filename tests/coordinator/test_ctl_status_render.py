@@ -6,7 +6,8 @@ import msgspec
 from rich.console import Console
 
 from coordinator.ctl.status import render
-from proto.node import NodeRecord, NodeState, Telemetry
+from proto.conditions import Condition, ConditionKind
+from proto.node import NodeRecord, NodeState
 
 
 def rendered(*nodes: NodeRecord) -> str:
@@ -20,24 +21,24 @@ def row(text: str, node: str) -> str:
     return next(line for line in text.splitlines() if f" {node} " in line)
 
 
-def test_fault_column_shows_coordinator_faults_then_the_agents_then_drain_reason() -> None:
+def test_conditions_column_shows_the_evidence_then_the_drain_reason() -> None:
+    preflight = Condition(
+        kind=ConditionKind.PREFLIGHT, node="n-pre", reason="somaxconn 128 (want >= 65535)"
+    )
+    spike = Condition(
+        kind=ConditionKind.NVME_LATENCY,
+        node="n-spike",
+        subject="nvme0n1",
+        reason="nvme0n1 latency 900 µs above 100 µs",
+    )
     text = rendered(
         NodeRecord(id="n-ok", state=NodeState.READY),
-        NodeRecord(
-            id="n-agent",
-            state=NodeState.DEGRADED,
-            telemetry=Telemetry(faults=["node.preflight:somaxconn"]),
-        ),
-        NodeRecord(
-            id="n-seen",
-            state=NodeState.DEGRADED,
-            faults={"nvme": "nvme0n1 latency 900 µs"},
-            telemetry=Telemetry(faults=["nvme.latency_spike:nvme0n1"]),
-        ),
+        NodeRecord(id="n-pre", state=NodeState.DEGRADED, conditions=[preflight]),
+        NodeRecord(id="n-spike", state=NodeState.DEGRADED, conditions=[spike]),
         NodeRecord(id="n-drain", state=NodeState.DRAINING, drain_reason="clock resync failed"),
     )
-    assert "node.preflight:somaxconn" in row(text, "n-agent")
-    seen = row(text, "n-seen")
-    assert "nvme0n1 latency 900 µs" in seen and "latency_spike" not in seen
+    assert "somaxconn 128 (want >= 65535)" in row(text, "n-pre")
+    seen = row(text, "n-spike")
+    assert "nvme0n1 latency 900 µs above 100 µs" in seen and spike.key not in seen
     assert "clock resync failed" in row(text, "n-drain")
     assert row(text, "n-ok").rstrip().endswith("│")  # nothing wrong, nothing shown

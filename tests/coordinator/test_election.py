@@ -9,7 +9,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from coordinator.election import Conflict, Election, MemoryCasStore, Role
+from coordinator.cas import Conflict, MemoryCasStore
+from coordinator.election import Election, Role
 from coordinator.embedded_nats import NatsServer
 from coordinator.kvstore import KvCasStore, ensure_layout
 

@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.leader import Leadership
 from coordinator.registry import Registry
+from proto.conditions import Condition, ConditionKind
 from proto.node import Heartbeat
 
 pytestmark = pytest.mark.anyio
@@ -52,6 +53,8 @@ async def test_changes_are_written_at_once_and_unchanged_nodes_are_not() -> None
     kv.puts.clear()
     await leader._write_nodes()
     assert kv.puts == []
-    registry.set_fault("n7", "nvme:nvme0n1", "spike")
+    registry.observe_condition(
+        Condition(kind=ConditionKind.NVME_LATENCY, node="n7", subject="nvme0n1", since=1.0)
+    )
     await leader._write_nodes()
     assert kv.puts == ["n7"]

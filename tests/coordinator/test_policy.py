@@ -1,21 +1,12 @@
-"""Fault policy is a pure function: events in, actions out, no I/O."""
+"""Fault policy is pure: conditions and events in, actions out, no I/O."""
 
 from __future__ import annotations
 
 import pytest
 
 from coordinator import policy
-from proto.events import (
-    ClockDrift,
-    ClockResynced,
-    GpuThermal,
-    NodeLost,
-    NvmeLatencyRecovered,
-    NvmeLatencySpike,
-    NvmeReadonly,
-    SpotNotice,
-    WorkerExited,
-)
+from proto.conditions import Condition, ConditionKind, Severity, condition_key
+from proto.events import ClockResynced, NodeLost, NvmeLatencySpike, WorkerExited
 from proto.job import JobRecord, JobSection, JobSpec, JobState
 
 
@@ -35,47 +26,112 @@ def job(state: JobState = JobState.RUNNING, **kw: object) -> JobRecord:
     return JobRecord(**base)  # type: ignore[arg-type]
 
 
-def spike(node: str = "node-1", lat: float = 500.0) -> NvmeLatencySpike:
-    return NvmeLatencySpike(node=node, device="nvme0n1", latency_us=lat)
+def spike(node: str = "node-1", dev: str = "nvme0n1", lat: float = 500.0) -> Condition:
+    return Condition(kind=ConditionKind.NVME_LATENCY, node=node, subject=dev, value=lat)
 
 
-def test_spike_on_a_hosting_node_pauses() -> None:
-    [action] = policy.decide(job(), spike())
-    assert action == policy.PauseJob("nvme:node-1:nvme0n1", "NVMe nvme0n1 on node-1 at 500 µs")
+def closed(cond: Condition) -> Condition:
+    return Condition(
+        kind=cond.kind, node=cond.node, job=cond.job, subject=cond.subject, active=False
+    )
 
 
-def test_spike_elsewhere_or_below_the_job_threshold_does_nothing() -> None:
-    assert policy.decide(job(), spike(node="node-7")) == []
-    assert policy.decide(job(), spike(lat=90.0)) == []
+def operator(active: bool = True) -> Condition:
+    return Condition(kind=ConditionKind.OPERATOR, job="t-1", active=active)
+
+
+def apply(record: JobRecord, actions: list[policy.Action]) -> None:
+    """What the job manager does with pause reasons, so sequences can be followed."""
+    for action in actions:
+        if isinstance(action, policy.PauseJob | policy.ResumeJob):
+            record.pause_reasons = list(action.reasons)
+
+
+def test_a_spike_on_a_hosting_node_pauses_under_the_condition_key() -> None:
+    [action] = policy.on_condition(job(), spike())
+    key = condition_key(ConditionKind.NVME_LATENCY, "node-1", "nvme0n1")
+    assert action == policy.PauseJob(key, "NVMe nvme0n1 on node-1 at 500 µs", (key,), send=True)
+
+
+def test_the_event_carrying_a_condition_is_decided_by_its_condition() -> None:
+    event = NvmeLatencySpike(node="node-1", device="nvme0n1", latency_us=500.0, condition=spike())
+    assert policy.decide(job(), event) == policy.on_condition(job(), spike())
+    bare = NvmeLatencySpike(node="node-1", device="nvme0n1", latency_us=500.0)
+    assert policy.decide(job(), bare) == []  # no condition, no evidence to act on
+
+
+def test_a_spike_elsewhere_or_below_the_job_threshold_does_nothing() -> None:
+    assert policy.on_condition(job(), spike(node="node-7")) == []
+    assert policy.on_condition(job(), spike(lat=90.0)) == []
     custom = job()
     custom.spec.policy.nvme_pause_us = 1000.0
-    assert policy.decide(custom, spike()) == []
+    assert policy.on_condition(custom, spike()) == []
+    assert policy.on_condition(job(excluded=["node-1"]), spike()) == []
 
 
-def test_finished_jobs_ignore_faults() -> None:
-    for state in (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED, JobState.PENDING):
-        assert policy.decide(job(state), spike()) == []
+def test_finished_jobs_ignore_conditions() -> None:
+    for state in (JobState.COMPLETED, JobState.FAILED, JobState.STOPPED):
+        assert policy.on_condition(job(state), spike()) == []
+        assert policy.on_condition(job(state, pause_reasons=[spike().key]), closed(spike())) == []
+    assert policy.on_condition(job(JobState.PENDING), spike()) == []
 
 
-def test_recovery_resumes_by_the_same_key() -> None:
-    event = NvmeLatencyRecovered(node="node-1", device="nvme0n1", latency_us=20.0)
-    [action] = policy.decide(job(JobState.PAUSED), event)
-    assert isinstance(action, policy.ResumeJob) and action.key == "nvme:node-1:nvme0n1"
+def test_two_devices_resume_only_when_the_last_recovers() -> None:
+    record = job()
+    a, b = spike(dev="nvme0n1"), spike(dev="nvme1n1")
+    first = policy.on_condition(record, a)
+    apply(record, first)
+    second = policy.on_condition(record, b)
+    apply(record, second)
+    assert [x.send for x in first + second] == [True, False]  # type: ignore[union-attr]
+    assert record.pause_reasons == [a.key, b.key]
+    assert policy.on_condition(record, a) == []  # the same condition again: nothing new
+    record.state = JobState.PAUSED
+    one = policy.on_condition(record, closed(a))
+    apply(record, one)
+    assert one == [policy.ResumeJob(a.key, f"{a.key} closed", (b.key,), send=False)]
+    last = policy.on_condition(record, closed(b))
+    assert last == [policy.ResumeJob(b.key, f"{b.key} closed", (), send=True)]
 
 
-def test_pause_reasons_are_reference_counted() -> None:
-    reasons, first = policy.open_reason([], "a")
-    assert first and reasons == ["a"]
-    reasons, first = policy.open_reason(reasons, "b")
-    assert not first
-    reasons, again = policy.open_reason(reasons, "b")
-    assert not again and reasons == ["a", "b"]
-    reasons, last = policy.close_reason(reasons, "a")
-    assert not last and reasons == ["b"]
-    reasons, last = policy.close_reason(reasons, "zzz")
-    assert not last
-    reasons, last = policy.close_reason(reasons, "b")
-    assert last and reasons == []
+def test_an_operator_pause_during_a_spike_holds_until_both_close() -> None:
+    record = job()
+    apply(record, policy.on_condition(record, spike()))
+    [held] = policy.on_condition(record, operator())
+    assert isinstance(held, policy.PauseJob) and not held.send  # already paused by the spike
+    assert held.key == condition_key(ConditionKind.OPERATOR, job="t-1")
+    apply(record, [held])
+    record.state = JobState.PAUSED
+    [spike_over] = policy.on_condition(record, closed(spike()))
+    assert isinstance(spike_over, policy.ResumeJob) and not spike_over.send
+    apply(record, [spike_over])
+    [released] = policy.on_condition(record, operator(active=False))
+    assert isinstance(released, policy.ResumeJob) and released.send and released.reasons == ()
+
+
+def test_an_operator_condition_concerns_its_own_job_only() -> None:
+    other = Condition(kind=ConditionKind.OPERATOR, job="t-2")
+    assert policy.on_condition(job(), other) == []
+
+
+def test_closing_a_reason_while_recovering_releases_it_without_a_command() -> None:
+    record = job(JobState.RECOVERING, pause_reasons=[spike().key])
+    [action] = policy.on_condition(record, closed(spike()))
+    assert action == policy.ResumeJob(spike().key, f"{spike().key} closed", (), send=False)
+
+
+def test_a_relaunch_keeps_reasons_still_open_and_repauses() -> None:
+    elsewhere = spike(node="node-1")
+    op = operator()
+    record = job(
+        JobState.STARTING, nodes=["node-0", "node-2"], pause_reasons=[elsewhere.key, op.key]
+    )
+    actions = policy.relaunched(record, active={})
+    assert actions == [
+        policy.ResumeJob(elsewhere.key, "not on this attempt's nodes", (op.key,), send=False),
+        policy.PauseJob(op.key, f"held by {op.key}", (op.key,), send=True),
+    ]
+    assert policy.relaunched(job(JobState.STARTING), active={}) == []
 
 
 def test_failed_rank_restarts_within_budget_then_fails() -> None:
@@ -116,23 +172,43 @@ def test_stop_requested_ends_stopped() -> None:
 
 
 @pytest.mark.parametrize(
-    "event",
+    "cond",
     [
-        NvmeReadonly(node="node-1", device="nvme0n1", readonly=True),
-        SpotNotice(node="node-1", provider="aws"),
-        GpuThermal(node="node-1", gpu=3, temp_c=95.0),
+        Condition(kind=ConditionKind.NVME_READONLY, node="node-1", subject="nvme0n1"),
+        Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws"),
+        Condition(kind=ConditionKind.GPU_THERMAL, node="node-1", subject="3", value=95.0),
     ],
 )
-def test_node_ending_faults_checkpoint_drain_and_restart_without_the_node(event) -> None:  # type: ignore[no-untyped-def]
-    actions = policy.decide(job(), event)
+def test_node_ending_conditions_checkpoint_drain_and_restart_without_the_node(
+    cond: Condition,
+) -> None:
+    actions = policy.on_condition(job(), cond)
     kinds = [type(a) for a in actions]
     assert kinds == [policy.CheckpointJob, policy.DrainNode, policy.RestartJob]
     assert actions[1].node == "node-1"  # type: ignore[union-attr]
     assert actions[2].exclude == ("node-1",)  # type: ignore[union-attr]
+    spent = policy.on_condition(job(restarts=3), cond)
+    assert isinstance(spent[-1], policy.FinishJob) and "budget" in spent[-1].reason
 
 
-def test_warm_gpu_below_critical_is_not_a_reason_to_drain() -> None:
-    assert policy.decide(job(), GpuThermal(node="node-1", gpu=0, temp_c=86.0)) == []
+def test_a_warm_gpu_below_critical_is_not_a_reason_to_drain() -> None:
+    warm = Condition(kind=ConditionKind.GPU_THERMAL, node="node-1", subject="0", value=86.0)
+    assert policy.on_condition(job(), warm) == []
+
+
+def test_a_hardware_thermal_slowdown_is_critical_below_the_threshold() -> None:
+    slow = Condition(
+        kind=ConditionKind.GPU_THERMAL,
+        node="node-1",
+        subject="2",
+        value=80.0,
+        severity=Severity.CRITICAL,
+        reason="GPU 2 critical: 80 °C, hw_thermal_slowdown",
+    )
+    actions = policy.on_condition(job(), slow)
+    assert [type(a) for a in actions] == [policy.CheckpointJob, policy.DrainNode, policy.RestartJob]
+    assert "hw_thermal_slowdown" in actions[0].reason  # type: ignore[union-attr]
+    assert policy.on_condition(job(), closed(slow)) == []
 
 
 def test_lost_node_drains_and_restarts_without_it() -> None:
@@ -143,22 +219,15 @@ def test_lost_node_drains_and_restarts_without_it() -> None:
     ]
 
 
-def test_a_hardware_thermal_slowdown_is_critical_below_the_threshold() -> None:
-    slow = GpuThermal(
-        node="node-1", gpu=2, temp_c=80.0, level="critical", reasons=["hw_thermal_slowdown"]
-    )
-    actions = policy.decide(job(), slow)
-    assert [type(a) for a in actions] == [policy.CheckpointJob, policy.DrainNode, policy.RestartJob]
-    cooled = GpuThermal(node="node-1", gpu=2, temp_c=95.0, level="normal")
-    assert policy.decide(job(), cooled) == []
-
-
 def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
-    drift = ClockDrift(node="node-3", offset_ms=12.0, synced=True)
-    assert policy.decide_node(drift) == [policy.ResyncNode("node-3", "clock 12.0 ms off")]
-    unsynced = ClockDrift(node="node-3", synced=False)
-    assert policy.decide_node(unsynced)[0].reason == "clock unsynchronised"  # type: ignore[union-attr]
-    assert policy.decide_node(ClockDrift(node="node-3", recovered=True)) == []
+    drift = Condition(
+        kind=ConditionKind.CLOCK, node="node-3", value=12.0, reason="clock +12.00 ms beyond 5 ms"
+    )
+    assert policy.on_node_condition(drift) == [
+        policy.ResyncNode("node-3", "clock +12.00 ms beyond 5 ms")
+    ]
+    assert policy.on_node_condition(closed(drift)) == []
+    assert policy.on_node_condition(spike()) == []
     failed = ClockResynced(node="node-1", ok=False, offset_after_ms=9.5)
     actions = policy.decide(job(), failed)
     assert [type(a) for a in actions] == [policy.DrainNode, policy.RestartJob]

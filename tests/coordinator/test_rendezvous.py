@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from coordinator.registry import NodeInfo, Registry
 from coordinator.rendezvous import admit, cpu_slice, plan
+from proto.conditions import Condition, ConditionKind
 from proto.node import Heartbeat, NodeState
 
 
-def node(i: int, **kw: object) -> NodeInfo:
-    return NodeInfo(id=f"node-{i}", addr=f"10.0.0.{i + 1}", gpus=8, **kw)  # type: ignore[arg-type]
+def node(i: int, *conditions: Condition, **kw: object) -> NodeInfo:
+    info = NodeInfo(id=f"node-{i}", addr=f"10.0.0.{i + 1}", gpus=8, **kw)  # type: ignore[arg-type]
+    info.conditions = {c.key: c for c in conditions}
+    return info
 
 
 def test_admission_takes_healthy_nodes_in_id_order_and_explains_skips() -> None:
-    nodes = [node(3), node(1, preflight_ok=False), node(0), node(2, topology_ok=False), node(4)]
+    preflight = Condition(kind=ConditionKind.PREFLIGHT, node="node-1", reason="somaxconn 128")
+    link = Condition(kind=ConditionKind.TOPOLOGY, node="node-2", subject="0-1")
+    nodes = [node(3), node(1, preflight), node(0), node(2, link), node(4)]
     adm = admit(nodes, 2, 8, busy={"node-4"}, exclude=set())
     assert [n.id for n in adm.chosen] == ["node-0", "node-3"]
     assert adm.skipped == {
@@ -65,10 +70,69 @@ def test_registry_marks_lost_after_three_missed_beats_and_revives() -> None:
     assert fresh and reg.nodes["node-0"].state is NodeState.READY
 
 
-def test_faults_degrade_a_node_until_they_clear() -> None:
+def spike(since: float, active: bool = True) -> Condition:
+    return Condition(
+        kind=ConditionKind.NVME_LATENCY,
+        node="n",
+        subject="nvme0n1",
+        since=since,
+        active=active,
+        reason="nvme0n1 latency 900 µs above 100 µs",
+    )
+
+
+def test_conditions_degrade_a_node_until_they_close() -> None:
     reg = Registry()
     reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0), now=0.0)
-    reg.set_fault("n", "nvme:nvme0n1", "spike")
-    assert reg.nodes["n"].state is NodeState.DEGRADED and not reg.nodes["n"].healthy
-    reg.set_fault("n", "nvme:nvme0n1", None)
+    reg.observe_condition(spike(since=1.0))
+    node = reg.nodes["n"]
+    assert node.state is NodeState.DEGRADED and not node.healthy
+    assert node.why_not_healthy() == "nvme0n1 latency 900 µs above 100 µs"
+    reg.observe_condition(spike(since=2.0, active=False))
     assert reg.nodes["n"].state is NodeState.READY
+
+
+def test_heartbeats_are_the_authoritative_set() -> None:
+    """A beat replaces the mirror (a lost event heals on the next beat), except for an
+    event newer than the beat, which stands until a beat sent after it arrives."""
+    reg = Registry()
+    reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0, conditions=[spike(0.5)]), now=0.0)
+    assert list(reg.nodes["n"].conditions) == [spike(0.5).key]  # no event was needed
+    reg.observe_condition(spike(since=3.0, active=False))  # the close overtakes beat 2
+    reg.observe(Heartbeat(node="n", seq=2, sent_at=2.9, conditions=[spike(0.5)]), now=1.0)
+    assert reg.nodes["n"].conditions == {} and reg.nodes["n"].state is NodeState.READY
+    reg.observe(Heartbeat(node="n", seq=3, sent_at=3.5), now=2.0)
+    assert reg.nodes["n"].conditions == {}
+    reg.observe_condition(spike(since=4.0))  # opened; the next beat, sent later, agrees
+    reg.observe(Heartbeat(node="n", seq=4, sent_at=4.5, conditions=[spike(4.0)]), now=3.0)
+    assert reg.nodes["n"].state is NodeState.DEGRADED
+    reg.observe(Heartbeat(node="n", seq=5, sent_at=5.5), now=4.0)  # closed, event lost
+    assert reg.nodes["n"].state is NodeState.READY
+
+
+def test_a_draining_node_stays_draining_whatever_its_conditions() -> None:
+    reg = Registry()
+    reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0), now=0.0)
+    reg.drain("n", "clock still 9.5 ms off after a resync")
+    reg.observe(Heartbeat(node="n", seq=2, sent_at=1.0), now=1.0)
+    assert reg.nodes["n"].state is NodeState.DRAINING
+    assert reg.nodes["n"].why_not_healthy() == "clock still 9.5 ms off after a resync"
+
+
+def test_silence_while_the_bus_is_out_is_not_node_loss() -> None:
+    reg = Registry(missed_beats=3, bus_outage_s=1.5)
+    for node in ("node-0", "node-1"):
+        reg.observe(Heartbeat(node=node, seq=1, sent_at=0.0, interval_s=1.0), now=0.0)
+    reg.bus_alive(0.0)
+    reg.bus_alive(1.0)
+    assert reg.sweep(now=2.0) == []
+    # the server freezes for 20 s: no beat and no canary gets through
+    assert reg.bus_out(now=20.0) and reg.sweep(now=20.0) == []
+    reg.bus_alive(20.0)  # back: every node gets a fresh window
+    reg.observe(Heartbeat(node="node-0", seq=2, sent_at=21.0, interval_s=1.0), now=21.0)
+    for t in (21.0, 22.0):
+        reg.bus_alive(t)
+    assert not reg.bus_out(22.9) and reg.sweep(now=22.9) == []  # 2.9 s since the outage
+    reg.bus_alive(23.0)
+    [lost] = reg.sweep(now=23.1)  # node-1 stayed silent with the bus up: that is evidence
+    assert lost.id == "node-1"

@@ -10,20 +10,28 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from coordinator.ctl.home import agent_run_dirs
+from ringmaster.procs import wait_until
+from ringmaster.rundir import live_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 Status = dict[str, Any]
+ENDED = ("failed", "stopped", "completed")
+T = TypeVar("T")
 
 
-def alive(pid: int) -> bool:
-    """Running, not a zombie (a reaped-late child is not a running process)."""
+def eventually(
+    predicate: Callable[[], T | None], timeout: float, failure: Callable[[], str], interval: float
+) -> T:
+    """``predicate``'s first truthy result; an AssertionError saying ``failure()`` if none
+    comes within ``timeout`` s."""
     try:
-        os.kill(pid, 0)
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (ProcessLookupError, FileNotFoundError):
-        return False
+        return wait_until(predicate, timeout, interval)
+    except TimeoutError:
+        raise AssertionError(failure()) from None
 
 
 class Ctl:
@@ -59,13 +67,23 @@ class Ctl:
         raise AssertionError(done.stderr)
 
     def wait(self, job: str, pred: Callable[[Status], bool], timeout: float = 200) -> Status:
-        deadline = time.monotonic() + timeout
-        while not pred(status := self.status(job)):
-            if not pred(status) and status["state"] in ("failed", "stopped", "completed"):
-                raise AssertionError(f"job ended {status['state']}: {status.get('reason')}")
-            assert time.monotonic() < deadline, f"timed out; last status {status}"
-            time.sleep(0.2)
-        return status
+        """The job's status once ``pred`` holds; fails at once if the job ends otherwise."""
+        last: Status = {}
+
+        def reached() -> Status | None:
+            nonlocal last
+            last = self.status(job)
+            if pred(last):
+                return last
+            if last["state"] in ENDED:
+                raise AssertionError(f"job ended {last['state']}: {last.get('reason')}")
+            return None
+
+        return eventually(reached, timeout, lambda: f"timed out; last status {last}", 0.2)
+
+    def ranks(self, job: str) -> list[int]:
+        """The PIDs of the job's running ranks on every node of this local cluster."""
+        return [r.pid for d in agent_run_dirs(self.home) for r in live_ranks(d) if r.job == job]
 
     def events(self, *filters: str) -> list[Status]:
         out = self("tail", "--no-follow", "--json", *filters)

@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from cli_harness import Ctl
+from cli_harness import Ctl, eventually
 
+from coordinator.ctl.home import agent_run_dirs
 from coordinator.embedded_nats import start_nats_cluster
+from ringmaster.rundir import live_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -51,10 +52,12 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
             "--cluster",
             "local",
         )
-        deadline = time.monotonic() + 30
-        while not all((nodes / n / ".ready").exists() for n in ("node-0", "node-1")):
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        eventually(
+            lambda: all((nodes / n / ".ready").exists() for n in ("node-0", "node-1")),
+            30,
+            lambda: "the simulator never got ready",
+            0.1,
+        )
         spawn("coordinator", "coordinator.cli", "--id", "c0", "--nats", urls, "--replicas", "3")
         for n in ("node-0", "node-1"):
             spawn(
@@ -73,15 +76,15 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
                 "--advertise-addr",
                 "127.0.0.1",
             )
-        deadline = time.monotonic() + 90
-        while True:
+
+        def both_ready() -> bool:
             done = ctl.run("status", "--json")
-            if done.returncode == 0:
-                ready = [n for n in json.loads(done.stdout)["nodes"] if n["state"] == "ready"]
-                if len(ready) == 2:
-                    break
-            assert time.monotonic() < deadline, "nodes never became ready"
-            time.sleep(0.5)
+            if done.returncode != 0:
+                return False
+            ready = [n for n in json.loads(done.stdout)["nodes"] if n["state"] == "ready"]
+            return len(ready) == 2
+
+        eventually(both_ready, 90, lambda: "nodes never became ready", 0.5)
         job = ctl.start("tiny.toml", "train.steps=120", f"checkpoint.dir={tmp_path / 'ckpt'}")
         ctl.wait(job, lambda s: s["step"] >= 20, timeout=120)
         servers[0].kill()
@@ -97,7 +100,7 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
                 proc.kill()
         for server in servers:
             server.stop()
-        for pidfile in tmp_path.glob("nodes/*/agent/jobs/*/rank-*.pid"):
-            pid = int(pidfile.read_text())
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, 9)
+        for run_dir in agent_run_dirs(tmp_path):
+            for rank in live_ranks(run_dir):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(rank.pid, 9)

@@ -9,7 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_harness import EXAMPLES, Ctl, alive
+from cli_harness import EXAMPLES, Ctl
+
+from coordinator.ctl.home import agent_run_dirs
+from ringmaster.procs import pid_alive
+from ringmaster.rundir import JobDir
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +37,12 @@ def test_operator_overrides_and_a_user_script(ctl: Ctl, tmp_path: Path) -> None:
     ctl("checkpoint", job)
     ckpt = ctl.wait(job, lambda s: s["last_checkpoint_step"] is not None)
     assert ckpt["last_checkpoint_step"] > paused["step"]
-    pids = [int(p.read_text()) for p in ctl.home.glob(f"nodes/*/agent/jobs/{job}/rank-*.pid")]
+    pids = ctl.ranks(job)
     assert len(pids) == 2
     ctl("stop", job)
     stopped = ctl.wait(job, lambda s: s["state"] == "stopped")
     assert stopped["pauses"] == 1
-    assert not [p for p in pids if alive(p)]
+    assert not [p for p in pids if pid_alive(p)]
     seen = [e["kind"] for e in ctl.events("--job", job)]
     for kind in ("job.paused", "job.resumed", "job.checkpointed", "job.stopped"):
         assert kind in seen, seen
@@ -62,5 +66,6 @@ def test_operator_overrides_and_a_user_script(ctl: Ctl, tmp_path: Path) -> None:
     seen_env = ast.literal_eval(ranks[1].read_text().split(" world=")[0])
     assert seen_env["RANK"] == "1" and seen_env["WORLD_SIZE"] == "2"
     assert seen_env["MASTER_ADDR"] == "127.0.0.1" and seen_env["LOCAL_RANK"] == "0"
-    hooks = list(ctl.home.glob(f"nodes/*/agent/jobs/{user['id']}/pre-start.log"))
+    hooks = [JobDir(d, user["id"]).pre_start_log for d in agent_run_dirs(ctl.home)]
+    hooks = [hook for hook in hooks if hook.exists()]
     assert len(hooks) == 2 and "pre-start on node-" in hooks[0].read_text()

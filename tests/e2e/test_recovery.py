@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_harness import Ctl, alive
+from cli_harness import Ctl
+
+from ringmaster.procs import pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +37,7 @@ def test_killed_rank_restarts_from_checkpoint_and_down_leaves_no_rank(
 
     second = ctl.start("tiny.toml", "train.steps=100000", f"checkpoint.dir={tmp_path / 'c2'}")
     ctl.wait(second, lambda s: s["step"] >= 3)
-    pids = [int(p.read_text()) for p in ctl.home.glob(f"nodes/*/agent/jobs/{second}/rank-*.pid")]
-    assert len(pids) == 2 and all(alive(p) for p in pids)
+    pids = ctl.ranks(second)
+    assert len(pids) == 2
     ctl("down")
-    assert not [p for p in pids if alive(p)], "down left training ranks running"
+    assert not [p for p in pids if pid_alive(p)], "down left training ranks running"

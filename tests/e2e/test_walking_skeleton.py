@@ -1,5 +1,9 @@
 """The README's scenario, as a user runs it: a local 2-node cluster trains, is disturbed
-by an NVMe latency spike, pauses, resumes, completes, and ``down`` leaves nothing."""
+by an NVMe latency spike, pauses, resumes, completes, and ``down`` leaves nothing.
+
+The example script runs the scenario and makes its own checks; this test does not take its
+word for it: with the cluster kept up, it reads the job's record and event history through
+``coordinatorctl``, then brings the cluster down itself and looks for survivors."""
 
 from __future__ import annotations
 
@@ -7,28 +11,75 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from cli_harness import ROOT, Ctl, eventually
 
-ROOT = Path(__file__).resolve().parents[2]
+from coordinator.ctl.home import pids_dir
+from ringmaster.procs import pid_alive, read_pid
+
+
+def in_order(kinds: list[str], *expected: str) -> bool:
+    """Whether each of ``expected`` occurs in ``kinds``, in that order."""
+    rest = iter(kinds)
+    return all(kind in rest for kind in expected)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> None:
-    home = tmp_path / "cluster"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "nvme_spike.py"), "--home", str(home)],
-        capture_output=True,
-        text=True,
-        timeout=380,
-        check=False,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "==> all checks passed" in done.stdout
-    figures = json.loads(
-        next(line for line in done.stdout.splitlines() if line.startswith("==> timings "))[12:]
-    )
-    assert 0 < figures["spike_event_to_paused_s"] < figures["inject_to_paused_s"]
-    assert not list(home.glob("pids/*.pid")), "down must remove every PID file"
+    ctl = Ctl(tmp_path / "cluster")
+    try:
+        script = ROOT / "examples" / "nvme_spike.py"
+        done = subprocess.run(
+            [sys.executable, str(script), "--home", str(ctl.home), "--keep"],
+            capture_output=True,
+            text=True,
+            timeout=340,
+            check=False,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        daemons = {f.stem: read_pid(f) for f in pids_dir(ctl.home).glob("*.pid")}
+        expected = {"nats-server", "simulator", "coordinator-0", "nodeagent-node-0"}
+        assert expected <= set(daemons), daemons
+        [job] = ctl.status()["jobs"]
+        final = ctl.status(job["id"])
+        assert final["state"] == "completed", final
+        assert final["target_steps"] == 200 and final["step"] == final["target_steps"]
+        assert final["pauses"] >= 1 and final["restarts"] == 0
+        assert final["world_size"] == 2 and sorted(final["nodes"]) == ["node-0", "node-1"]
+
+        # every rank's exit is reported (the job may be recorded complete just before)
+        history: list[dict[str, Any]] = []
+
+        def both_exits() -> list[dict[str, Any]] | None:
+            history[:] = ctl.events("--job", job["id"])
+            exits = [e for e in history if e["kind"] == "worker.exited"]
+            return exits if len(exits) >= 2 else None
+
+        exits = eventually(both_exits, 30, lambda: f"rank exits missing: {history}", 0.5)
+        assert sorted(e["rank"] for e in exits) == [0, 1], exits
+        assert all(e["exit_code"] == 0 and e["signal"] is None for e in exits), exits
+        kinds = [e["kind"] for e in history]
+        assert in_order(kinds, "job.started", "job.paused", "job.resumed", "job.completed"), kinds
+        assert "job.failed" not in kinds and "job.recovering" not in kinds, kinds
+        [completed] = [e for e in history if e["kind"] == "job.completed"]
+        assert completed["step"] == final["target_steps"]
+
+        nvme = [e for e in ctl.events("--node", "node-1") if e["kind"].startswith("nvme.latency")]
+        spiked = {e["device"] for e in nvme if e["kind"] == "nvme.latency_spike"}
+        recovered = {e["device"] for e in nvme if e["kind"] == "nvme.latency_recovered"}
+        assert spiked and spiked == recovered, nvme
+        assert in_order([e["kind"] for e in nvme], "nvme.latency_spike", "nvme.latency_recovered")
+
+        figures = json.loads(
+            next(line for line in done.stdout.splitlines() if line.startswith("==> timings "))[12:]
+        )
+        assert 0 < figures["spike_event_to_paused_s"] < figures["inject_to_paused_s"]
+    finally:
+        ctl.run("down")
+    survivors = [name for name, pid in daemons.items() if pid is not None and pid_alive(pid)]
+    assert not survivors, f"still running after down: {survivors}"
+    assert not list(pids_dir(ctl.home).glob("*.pid")), "down must remove every PID file"

@@ -2,7 +2,7 @@
 each test drives the collectors in a process of its own. One JSON command a line on stdin,
 one JSON answer a line on stdout:
 
-    {"collect": "gpu" | "gpu_topology"}  →  {"ok": true, "values": {...}} | {"ok": false, "error"}
+    {"collect": "gpu" | "gpu_topology"}  →  {"ok": true, "values": sample} | {"ok": false, "error"}
     {"wait": seconds}                    →  {"readable": bool}: the XID wake-up fd turned readable
 """
 
@@ -12,6 +12,8 @@ import json
 import select
 import sys
 import time
+
+import msgspec
 
 from nodeagent.collectors.base import CollectorUnavailable
 from nodeagent.collectors.gpu import GpuCollector
@@ -31,7 +33,7 @@ def main() -> None:
         else:
             try:
                 sample = collectors[command["collect"]].collect(time.time())
-                answer = {"ok": True, "values": sample.values}
+                answer = {"ok": True, "values": msgspec.to_builtins(sample)}
             except CollectorUnavailable as exc:
                 answer = {"ok": False, "error": str(exc)}
         print(json.dumps(answer), flush=True)

@@ -7,7 +7,8 @@ Regenerate the golden file after an intended change with::
     RINGMASTER_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/nodeagent/test_agent_golden.py
 
 Events are compared per step, sorted, without what changes from run to run (times, the
-host name, free space, deadlines).
+host name, free space, deadlines). The heartbeats' active conditions are checked against
+what each step opened and closed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from gpu_stub import GpuNode
 from coordinator.embedded_nats import NatsServer
 from nodeagent.sim.agent_config import to_toml
 from nodeagent.sim.metadata import MetadataServer
+from proto.conditions import ConditionKind, condition_key
+from proto.node import Heartbeat
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden" / "agent_events.json"
 SMART = GOLDEN.parent.parent / "smart"
@@ -50,8 +53,13 @@ def normalize(event: dict[str, Any], root: Path) -> dict[str, Any]:
     for key in ("deadline", "held_s"):
         if key in out:
             out[key] = f"<{key}>"
+    condition = out.get("condition")
+    if condition is not None:
+        condition["since"] = "<since>"
     for pattern, fixed in VOLATILE:
         out["message"] = re.sub(pattern, fixed, out["message"])
+        if condition is not None:
+            condition["reason"] = re.sub(pattern, fixed, condition["reason"])
     for check in out.get("checks", []):
         if check["name"] != "somaxconn":
             check["value"] = "<measured>"
@@ -105,6 +113,10 @@ def settings(root: Path, gpus: GpuNode, metadata: MetadataServer) -> dict[str, A
             "shm_min_gb": 0.001,
         },
     }
+
+
+def keys(beat: Heartbeat) -> list[str]:
+    return [c.key for c in beat.conditions]
 
 
 def set_in_flight(root: Path, device: str, count: int) -> None:
@@ -164,7 +176,7 @@ async def test_published_events_match_the_golden_file(
         ) as proc:
             await step("start", kind("node.registered"), kind("node.preflight"), kind("topology"))
             beat = await tap.beat(lambda b: len(b.telemetry.gpus) == 2 and len(b.collectors) >= 7)
-            assert beat.preflight_ok and beat.topology_ok and beat.telemetry.faults == []
+            assert beat.conditions == []
             assert beat.telemetry.clock_offset_ms == pytest.approx(0.812345)
 
             tree("sysfs_nvme_t1")  # nvme1n1: 500 µs over the window, read-only, 3 in flight
@@ -191,8 +203,20 @@ async def test_published_events_match_the_golden_file(
                 kind("clock.drift"),
                 kind("spot.notice"),
             )
-            beat = await tap.beat(lambda b: not b.topology_ok)
-            assert len(beat.telemetry.faults) == 7, beat.telemetry.faults
+            faults = sorted(
+                [
+                    condition_key(ConditionKind.NVME_LATENCY, NODE, "nvme1n1"),
+                    condition_key(ConditionKind.NVME_READONLY, NODE, "nvme0n1"),
+                    condition_key(ConditionKind.NVME_READONLY, NODE, "nvme1n1"),
+                    condition_key(ConditionKind.GPU_THERMAL, NODE, "1"),
+                    condition_key(ConditionKind.TOPOLOGY, NODE, "0-1"),
+                    condition_key(ConditionKind.CLOCK, NODE),
+                    condition_key(ConditionKind.PREEMPTION, NODE, "aws"),
+                ]
+            )
+            beat = await tap.beat(lambda b: keys(b) == faults)
+            thermal = next(c for c in beat.conditions if c.kind is ConditionKind.GPU_THERMAL)
+            assert (thermal.severity, thermal.value) == ("critical", 95.0)
 
             set_in_flight(root, "nvme1n1", 0)  # its stalled I/Os drain: idle now
             (root / "sys" / "block" / "nvme1n1" / "ro").write_text("0\n")
@@ -212,8 +236,8 @@ async def test_published_events_match_the_golden_file(
                 kind("topology.degraded", recovered=True),
                 kind("clock.drift", recovered=True),
             )
-            beat = await tap.beat(lambda b: b.topology_ok and len(b.telemetry.faults) == 1)
-            assert beat.telemetry.faults == ["spot.notice:aws"]
+            notice = condition_key(ConditionKind.PREEMPTION, NODE, "aws")
+            await tap.beat(lambda b: keys(b) == [notice])
 
             proc.send_signal(signal.SIGTERM)
             await step("sigterm", kind("spot.notice", provider="sigterm"))
@@ -224,6 +248,7 @@ async def test_published_events_match_the_golden_file(
     said = notify.close()
     assert said[0] == f"READY=1\nSTATUS={NODE} up at 127.0.0.1"
     assert any(m.startswith("WATCHDOG=1\nSTATUS=") for m in said)
+    assert any(m.endswith(f"collectors ok; conditions: {notice}") for m in said)
     assert said[-1] == "STOPPING=1\nSTATUS=stopping"
 
     if os.environ.get("RINGMASTER_REGEN_GOLDEN"):

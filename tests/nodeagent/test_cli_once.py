@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,5 +70,7 @@ def test_a_simulated_node(tmp_path: Path, nvml_cache: Path) -> None:
     assert len(got["gpu"]["values"]["gpus"]) == 8
     assert got["gpu_topology"]["values"]["matrix"][0][1] == "NV2"
     assert sorted(got["nvme"]["values"]["devices"]) == [f"nvme{i}n1" for i in range(4)]
-    assert got["preemption"]["values"] == {"provider": "aws", "notice": None}
+    preemption = got["preemption"]["values"]
+    assert (preemption["provider"], preemption["notice"]) == ("aws", None)
+    assert abs(preemption["time"] - time.time()) < 60, "each sample says when it was taken"
     assert got["preflight"]["values"]["ok"] is True

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.collectors.nvme import NvmeDeviceReading, NvmeLatencySample
 from nodeagent.config import ConfigError, load
+from nodeagent.detectors.nvme import NvmeLatencyDetector
 from nodeagent.registry import build
 from nodeagent.sim import agent_config
 from nodeagent.sim.node import SimulatedNode
@@ -25,6 +27,10 @@ from nodeagent.sim.node import SimulatedNode
             "Invalid enum value 'ibm' - at `$.preemption.provider`",
         ),
         ('[gpu]\nexpect_nvlink = "most"\n', "at `$.gpu.expect_nvlink`"),
+        ("[nvme]\nrecover_us = 0\n", "Expected `float` > 0.0 - at `$.nvme.recover_us`"),
+        ("[nvme]\nhold_s = -1\n", "Expected `float` >= 0.0 - at `$.nvme.hold_s`"),
+        ("[gpu]\nthermal_confirm = 0\n", "Expected `int` >= 1 - at `$.gpu.thermal_confirm`"),
+        ("stop_grace_s = 5\n", "Object contains unknown field `stop_grace_s`"),
     ],
 )
 def test_bad_settings_name_the_key(tmp_path: Path, toml: str, message: str) -> None:
@@ -48,6 +54,16 @@ def test_every_collector_is_registered_once() -> None:
     ]
     quiet = load(None, {"nvme": {"udev": False}, "preemption": {"provider": "none"}})
     assert "nvme_udev" not in [e.collector.name for e in build(quiet)]
+
+
+def test_detectors_read_their_section_of_the_settings(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text("[nvme]\nspike_us = 30.0\nrecover_us = 10.0\n")
+    nvme = next(e for e in build(load(path, {"node": "n1"})) if e.collector.name == "nvme")
+    detector = next(d for d in nvme.detectors if isinstance(d, NvmeLatencyDetector))
+    reading = NvmeDeviceReading(readonly=False, in_flight=0, latency_us=35.0)
+    [spike] = detector.observe(NvmeLatencySample(time=0.0, devices={"nvme0n1": reading}))
+    assert spike.condition is not None and spike.condition.threshold == 30.0
 
 
 def test_the_simulators_agent_toml_loads(tmp_path: Path) -> None:

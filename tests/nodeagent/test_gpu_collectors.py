@@ -36,12 +36,14 @@ def test_health_of_every_gpu(gpu_node: GpuNode) -> None:
     assert values["xid_watch"] == "ok"
     assert values["gpus"][3] == {
         "index": 3,
-        "name": "NVIDIA H100 80GB HBM3",
-        "uuid": "GPU-00000000-0003-4000-8000-ab0000000003",
-        "bus_id": "00000000:48:00.0",
+        "identity": {
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": "GPU-00000000-0003-4000-8000-ab0000000003",
+            "bus_id": "00000000:48:00.0",
+            "slowdown_c": 90,
+            "shutdown_c": 95,
+        },
         "temp_c": 87,
-        "slowdown_c": 90,
-        "shutdown_c": 95,
         "clock_reasons": ["sw_power_cap", "sw_thermal_slowdown"],
         "pcie_tx_gbps": 12.5,
         "pcie_rx_gbps": 3.0,
@@ -100,7 +102,7 @@ def test_unsupported_metrics_are_none_not_errors(gpu_node: GpuNode) -> None:
     first = values["gpus"][0]
     assert values["errors"] == {}
     assert first["pcie_tx_gbps"] is None and first["pcie_rx_gbps"] is None
-    assert first["slowdown_c"] is None and first["temp_c"] == 40
+    assert first["identity"]["slowdown_c"] is None and first["temp_c"] == 40
 
 
 def test_xid_wakes_the_collector_and_is_reported_once(gpu_node: GpuNode) -> None:

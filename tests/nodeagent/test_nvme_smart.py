@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.collectors.base import CollectorUnavailable, Roots
-from nodeagent.collectors.nvme_smart import NvmeSmartCollector, SmartError, parse_smart
+from nodeagent.collectors.nvme_smart import NvmeSmartCollector, SmartError, SmartLog, parse_smart
 
 SMART = Path(__file__).resolve().parent.parent / "fixtures" / "smart"
 Tree = Callable[[str], Path]
@@ -43,27 +43,24 @@ def test_default_command_through_a_stand_in_nvme(
     fake_nvme(bin_dir, {"nvme0n1": "healthy", "nvme1n1": "readonly"})
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     sample = NvmeSmartCollector(Roots(sysfs=root / "sys", dev=Path("/dev"))).collect(5.0)
-    assert sample.collector == "nvme_smart" and sample.time == 5.0
-    assert sample.values == {
-        "devices": {
-            "nvme0n1": {
-                "critical_warning": 0,
-                "warnings": [],
-                "media_readonly": False,
-                "temperature_c": 36.9,
-                "avail_spare_pct": 100,
-                "percent_used": 3,
-            },
-            "nvme1n1": {
-                "critical_warning": 12,
-                "warnings": ["reliability_degraded", "media_readonly"],
-                "media_readonly": True,
-                "temperature_c": 51.9,
-                "avail_spare_pct": 4,
-                "percent_used": 104,
-            },
-        },
-        "errors": {},
+    assert sample.time == 5.0 and sample.errors == {}
+    assert sample.devices == {
+        "nvme0n1": SmartLog(
+            critical_warning=0,
+            warnings=[],
+            media_readonly=False,
+            temperature_c=36.9,
+            avail_spare_pct=100,
+            percent_used=3,
+        ),
+        "nvme1n1": SmartLog(
+            critical_warning=12,
+            warnings=["reliability_degraded", "media_readonly"],
+            media_readonly=True,
+            temperature_c=51.9,
+            avail_spare_pct=4,
+            percent_used=104,
+        ),
     }
     assert (bin_dir / "calls").read_text() == "/dev/nvme0n1\n/dev/nvme1n1\n"
 
@@ -74,11 +71,11 @@ def test_command_placeholders_and_one_failing_device(tree: Tree, tmp_path: Path)
     collector = NvmeSmartCollector(
         Roots(sysfs=root / "sys"), command=["cat", f"{tmp_path}/{{controller}}.json"]
     )
-    values = collector.collect(0.0).values
-    assert values["devices"]["nvme0n1"]["media_readonly"] is True
-    assert values["devices"]["nvme0n1"]["warnings"] == ["media_readonly"]
-    assert list(values["errors"]) == ["nvme1n1"]
-    assert values["errors"]["nvme1n1"].startswith("cat exited with 1: cat: ")
+    sample = collector.collect(0.0)
+    assert sample.devices["nvme0n1"].media_readonly is True
+    assert sample.devices["nvme0n1"].warnings == ["media_readonly"]
+    assert list(sample.errors) == ["nvme1n1"]
+    assert sample.errors["nvme1n1"].startswith("cat exited with 1: cat: ")
 
 
 def test_missing_command_is_unavailable(tree: Tree) -> None:
@@ -97,7 +94,7 @@ def test_no_nvme_devices_is_unavailable(tree: Tree) -> None:
 def test_a_hung_command_times_out(tree: Tree) -> None:
     root = tree("sysfs_nvme")
     collector = NvmeSmartCollector(Roots(sysfs=root / "sys"), command=["sleep", "5"], timeout_s=0.2)
-    errors = collector.collect(0.0).values["errors"]
+    errors = collector.collect(0.0).errors
     assert errors["nvme0n1"] == "Command '['sleep', '5']' timed out after 0.2 seconds"
 
 

@@ -16,7 +16,12 @@ import pytest
 
 from nodeagent.collectors.base import Roots
 from nodeagent.collectors.nvme import StatError
-from nodeagent.collectors.nvme_udev import NvmeUdevCollector, change_of, pick_source
+from nodeagent.collectors.nvme_udev import (
+    NvmeUdevCollector,
+    ReadonlyChange,
+    change_of,
+    pick_source,
+)
 from nodeagent.sampling import pause
 
 BLOCK = Path("/sys/block")
@@ -49,10 +54,10 @@ def flip(name: str, readonly: bool) -> None:
     (BLOCK / name / "uevent").write_text("change")
 
 
-def changes_for(collector: NvmeUdevCollector, name: str) -> list[dict[str, object]]:
-    values = collector.collect(time.time()).values
-    assert values["source"] == "kernel" and values["errors"] == {}
-    return [c for c in values["changes"] if c["device"] == name]
+def changes_for(collector: NvmeUdevCollector, name: str) -> list[ReadonlyChange]:
+    sample = collector.collect(time.time())
+    assert sample.source == "kernel" and sample.errors == {}
+    return [c for c in sample.changes if c.device == name]
 
 
 def test_real_change_uevents_wake_the_collector(loop_device: str) -> None:
@@ -72,23 +77,22 @@ def test_real_change_uevents_wake_the_collector(loop_device: str) -> None:
 
     assert asyncio.run(woken_after_flip(True)) < 1.0, "a uevent ends the pause at once"
     assert changes_for(collector, loop_device) == [
-        {"device": loop_device, "readonly": True, "from": "ro"}
+        ReadonlyChange(device=loop_device, readonly=True, via="ro")
     ]
     asyncio.run(woken_after_flip(False))
     assert changes_for(collector, loop_device) == [
-        {"device": loop_device, "readonly": False, "from": "ro"}
+        ReadonlyChange(device=loop_device, readonly=False, via="ro")
     ]
     collector.close()
 
 
 def test_disk_ro_is_taken_at_its_word(tmp_path: Path) -> None:
     """The kernel's set_disk_ro() sends DISK_RO=1/0 with the change; no file is read."""
-    assert change_of("change", "nvme0n1", {"DISK_RO": "1"}, tmp_path) == {
-        "device": "nvme0n1",
-        "readonly": True,
-        "from": "DISK_RO",
-    }
-    assert change_of("change", "nvme0n1", {"DISK_RO": "0"}, tmp_path)["readonly"] is False  # type: ignore[index]
+    assert change_of("change", "nvme0n1", {"DISK_RO": "1"}, tmp_path) == ReadonlyChange(
+        device="nvme0n1", readonly=True, via="DISK_RO"
+    )
+    cleared = change_of("change", "nvme0n1", {"DISK_RO": "0"}, tmp_path)
+    assert cleared is not None and cleared.readonly is False
     for action in ("add", "remove", "bind", None):
         assert change_of(action, "nvme0n1", {"DISK_RO": "1"}, tmp_path) is None
 
@@ -96,11 +100,9 @@ def test_disk_ro_is_taken_at_its_word(tmp_path: Path) -> None:
 def test_other_changes_read_the_ro_file(tmp_path: Path) -> None:
     (tmp_path / "nvme1n1").mkdir()
     (tmp_path / "nvme1n1" / "ro").write_text("1\n")
-    assert change_of("change", "nvme1n1", {"DISK_RO": "x"}, tmp_path) == {
-        "device": "nvme1n1",
-        "readonly": True,
-        "from": "ro",
-    }
+    assert change_of("change", "nvme1n1", {"DISK_RO": "x"}, tmp_path) == ReadonlyChange(
+        device="nvme1n1", readonly=True, via="ro"
+    )
     (tmp_path / "nvme1n1" / "ro").write_text("maybe\n")
     with pytest.raises(StatError):
         change_of("change", "nvme1n1", {}, tmp_path)

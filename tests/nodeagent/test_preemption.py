@@ -12,10 +12,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from nodeagent.collectors.base import CollectorUnavailable, Sample
-from nodeagent.collectors.preemption import MetadataError, PreemptionCollector
+from nodeagent.collectors.base import CollectorUnavailable
+from nodeagent.collectors.preemption import (
+    MetadataError,
+    Notice,
+    PreemptionCollector,
+    PreemptionSample,
+)
 from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.sim.metadata import MetadataServer
+from proto.conditions import ConditionKind, condition_key
 from proto.events import SpotNotice
 
 
@@ -34,21 +40,19 @@ def collector(server: MetadataServer, provider: str = "auto") -> PreemptionColle
     return PreemptionCollector(provider=provider, aws_url=url, gcp_url=url, azure_url=url)
 
 
-def notice_of(c: PreemptionCollector) -> dict[str, str] | None:
-    notice: dict[str, str] | None = c.collect(0.0).values["notice"]
-    return notice
+def notice_of(c: PreemptionCollector) -> Notice | None:
+    return c.collect(0.0).notice
 
 
 def test_aws_imdsv2_token_then_instance_action(metadata: MetadataServer) -> None:
     aws = collector(metadata, "aws")
-    assert aws.collect(0.0).values == {"provider": "aws", "notice": None}
+    assert aws.collect(0.0) == PreemptionSample(time=0.0, provider="aws", notice=None)
     metadata.preempt(120)
     notice = notice_of(aws)
     assert notice is not None
-    deadline = datetime.fromisoformat(notice["deadline"])
-    assert deadline.tzinfo is not None
-    assert 115 < (deadline - datetime.now(UTC)).total_seconds() <= 121
-    assert notice["action"] == "terminate" and notice["detail"] == "spot instance-action"
+    assert notice.deadline.tzinfo is not None
+    assert 115 < (notice.deadline - datetime.now(UTC)).total_seconds() <= 121
+    assert notice.action == "terminate" and notice.detail == "spot instance-action"
     puts = [r for r in metadata.requests if r.startswith("PUT")]
     assert puts == ["PUT /latest/api/token"], "one token, reused"
     metadata.tokens.clear()  # the token is no longer valid: fetch another, once
@@ -81,11 +85,11 @@ def test_aws_both_keys(key: str) -> None:
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         notice = notice_of(PreemptionCollector(provider="aws", aws_url=url))
-        assert notice == {
-            "action": "stop",
-            "deadline": "2026-11-05T10:02:00+00:00",
-            "detail": "spot instance-action",
-        }
+        assert notice == Notice(
+            action="stop",
+            deadline=datetime(2026, 11, 5, 10, 2, tzinfo=UTC),
+            detail="spot instance-action",
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -94,24 +98,24 @@ def test_aws_both_keys(key: str) -> None:
 @pytest.mark.parametrize("metadata", [("gcp",)], indirect=True)
 def test_gcp_preempted_flag_with_a_deadline_from_first_sight(metadata: MetadataServer) -> None:
     gcp = collector(metadata)
-    assert gcp.collect(0.0).values == {"provider": "gcp", "notice": None}
+    assert gcp.collect(0.0) == PreemptionSample(time=0.0, provider="gcp", notice=None)
     metadata.preempt(30)
     first, second = notice_of(gcp), notice_of(gcp)
     assert first is not None and first == second, "the deadline is fixed at first sight"
-    left = (datetime.fromisoformat(first["deadline"]) - datetime.now(UTC)).total_seconds()
+    left = (first.deadline - datetime.now(UTC)).total_seconds()
     assert 28 < left <= 30
-    assert first["detail"] == "instance/preempted is TRUE"
+    assert first.detail == "instance/preempted is TRUE"
 
 
 @pytest.mark.parametrize("metadata", [("azure",)], indirect=True)
 def test_azure_scheduled_preempt_event(metadata: MetadataServer) -> None:
     azure = collector(metadata)
-    assert azure.collect(0.0).values == {"provider": "azure", "notice": None}
+    assert azure.collect(0.0) == PreemptionSample(time=0.0, provider="azure", notice=None)
     metadata.preempt(45)
     notice = notice_of(azure)
-    assert notice is not None and notice["action"] == "preempt"
-    assert notice["detail"] == "602d9444-d2cd-49c7-8624-8643e7171297"
-    left = (datetime.fromisoformat(notice["deadline"]) - datetime.now(UTC)).total_seconds()
+    assert notice is not None and notice.action == "preempt"
+    assert notice.detail == "602d9444-d2cd-49c7-8624-8643e7171297"
+    left = (notice.deadline - datetime.now(UTC)).total_seconds()
     assert 40 < left <= 46
 
 
@@ -131,7 +135,7 @@ def test_a_failing_service_fails_the_collection(metadata: MetadataServer) -> Non
     with pytest.raises(MetadataError, match="HTTP 503"):
         aws.collect(1.0)
     metadata.failing = None
-    assert aws.collect(2.0).values["notice"] is None, "and it recovers by itself"
+    assert aws.collect(2.0).notice is None, "and it recovers by itself"
     assert issubclass(MetadataError, OSError)
 
 
@@ -153,11 +157,11 @@ def test_connections_are_kept_alive_and_renewed() -> None:
 def test_spot_notice_once_per_notice() -> None:
     detector = SpotNoticeDetector("node-2")
     deadline = (datetime.now(UTC) + timedelta(seconds=90)).replace(microsecond=0)
-    notice = {"action": "terminate", "deadline": deadline.isoformat(), "detail": "x"}
+    notice = Notice(action="terminate", deadline=deadline, detail="x")
 
     def seen(t: float, present: bool) -> list[SpotNotice]:
-        values = {"provider": "aws", "notice": notice if present else None}
-        events = detector.observe(Sample(collector="preemption", time=t, values=values))
+        sample = PreemptionSample(time=t, provider="aws", notice=notice if present else None)
+        events = detector.observe(sample)
         return [e for e in events if isinstance(e, SpotNotice)]
 
     now = deadline.timestamp() - 90
@@ -172,3 +176,20 @@ def test_spot_notice_once_per_notice() -> None:
     )
     assert event.severity == "critical" and "in 90 s" in event.message
     assert seen(now + 4, False) == [] and len(seen(now + 6, True)) == 1
+
+
+def test_a_notice_is_a_condition_that_closes_with_no_event() -> None:
+    """The contract has no kind for a withdrawn notice: the closed condition is handed to
+    the agent's active set directly, and the heartbeat carries the change."""
+    detector = SpotNoticeDetector("node-2")
+    notice = Notice(action="terminate", deadline=datetime.now(UTC), detail="x")
+    opened = detector.observe(PreemptionSample(time=1.0, provider="gcp", notice=notice))
+    assert detector.unannounced() == []
+    condition = opened[0].condition
+    assert condition is not None and condition.active and condition.severity == "critical"
+    assert condition.key == condition_key(ConditionKind.PREEMPTION, "node-2", "gcp")
+    assert condition.reason == opened[0].message
+    assert detector.observe(PreemptionSample(time=2.0, provider="gcp")) == []
+    [closed] = detector.unannounced()
+    assert (closed.key, closed.active, closed.since) == (condition.key, False, 2.0)
+    assert detector.unannounced() == [], "handed over once"

@@ -10,12 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from nodeagent.collectors.base import Roots, Sample
-from nodeagent.collectors.preflight import PreflightCollector, SpaceNeed, existing
+from nodeagent.collectors.base import Roots
+from nodeagent.collectors.preflight import (
+    PreflightCollector,
+    PreflightSample,
+    SpaceNeed,
+    existing,
+)
 from nodeagent.detectors.preflight import PreflightDetector
-from proto.events import NodePreflight
+from proto.conditions import ConditionKind, condition_key
+from proto.events import NodePreflight, PreflightCheck
 
 Tree = Callable[[str], Path]
 REPO = Path(__file__).resolve().parents[2]
@@ -25,10 +32,12 @@ def checks(root: Path, *, need_gb: float = 1.0, shm_gb: float = 0.001) -> dict[s
     collector = PreflightCollector(
         Roots(procfs=root / "proc", dev=root / "dev"),
         needs=[SpaceNeed("data", root / "data" / "not-yet", need_gb)],
+        interval_s=300.0,
+        somaxconn_min=65535,
         shm_min_gb=shm_gb,
     )
-    values = collector.collect(0.0).values
-    return {"ok": values["ok"]} | {c["name"]: c for c in values["checks"]}
+    sample = collector.collect(0.0)
+    return {"ok": sample.ok} | {c.name: msgspec.to_builtins(c) for c in sample.checks}
 
 
 def test_this_machine_is_not_tuned(tree: Tree) -> None:
@@ -76,13 +85,11 @@ def test_existing_parent(tmp_path: Path) -> None:
 
 
 def observe(detector: PreflightDetector, t: float, **verdicts: bool) -> list[NodePreflight]:
-    values = {
-        "checks": [
-            {"name": n, "ok": ok, "value": "1" if ok else "0", "want": "1"}
-            for n, ok in verdicts.items()
-        ]
-    }
-    events = detector.observe(Sample(collector="preflight", time=t, values=values))
+    checks = [
+        PreflightCheck(name=n, ok=ok, value="1" if ok else "0", want="1")
+        for n, ok in verdicts.items()
+    ]
+    events = detector.observe(PreflightSample(time=t, ok=all(verdicts.values()), checks=checks))
     return [e for e in events if isinstance(e, NodePreflight)]
 
 
@@ -95,6 +102,32 @@ def test_events_on_first_result_and_on_changes() -> None:
     assert observe(detector, 1, somaxconn=False, shm_size=True) == []
     fixed = observe(detector, 2, somaxconn=True, shm_size=True)
     assert len(fixed) == 1 and fixed[0].ok and fixed[0].message == "preflight passed"
+
+
+def test_one_node_wide_condition_while_any_check_fails() -> None:
+    detector = PreflightDetector("node-0")
+    passed = observe(detector, 0, somaxconn=True, shm_size=True)
+    assert passed[0].condition is None, "nothing opened"
+    changes = [
+        observe(detector, 1, somaxconn=False, shm_size=True),
+        observe(detector, 2, somaxconn=False, shm_size=False),
+        observe(detector, 3, somaxconn=True, shm_size=False),
+        observe(detector, 4, somaxconn=True, shm_size=True),
+    ]
+    conditions = [events[0].condition for events in changes]
+    key = condition_key(ConditionKind.PREFLIGHT, "node-0")
+    assert [(c.key, c.active, c.since) for c in conditions if c] == [
+        (key, True, 1),
+        (key, True, 2),
+        (key, True, 3),
+        (key, False, 4),
+    ]
+    assert [c.reason for c in conditions if c] == [
+        "preflight failed: somaxconn 0 (want 1)",
+        "preflight failed: somaxconn 0 (want 1); shm_size 0 (want 1)",
+        "preflight failed: shm_size 0 (want 1)",
+        "preflight passed",
+    ]
 
 
 @pytest.mark.parametrize(("fixture", "code"), [("procfs_tuned", 0), ("procfs_this_machine", 1)])

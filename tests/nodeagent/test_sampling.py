@@ -6,21 +6,25 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from nodeagent.collectors.base import CollectorUnavailable, Sample
+from nodeagent.collectors.clock import ClockSample
+from nodeagent.collectors.gpu import GpuHealthSample, GpuIdentity, GpuReading
+from nodeagent.collectors.nvme import NvmeDeviceReading, NvmeLatencySample
+from nodeagent.collectors.preemption import Notice, PreemptionSample
+from nodeagent.config import NvmeSettings
+from nodeagent.detectors.nvme import NvmeLatencyDetector
+from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.registry import Registered
-from nodeagent.sampling import Health, close_all, pause, run_once, summarize
-from proto.events import (
-    ClockDrift,
-    GpuThermal,
-    NodePreflight,
-    NvmeLatencyRecovered,
-    NvmeLatencySpike,
-    PreflightCheck,
-    SpotNotice,
-    TopologyDegraded,
-)
+from nodeagent.sampling import ActiveConditions, close_all, pause, run_once, summarize
+from proto.conditions import Condition, ConditionKind, condition_key
+from proto.events import GpuXid, NvmeLatencySpike
 from proto.node import GpuSample, Telemetry
+
+
+class FakeSample(Sample, kw_only=True):
+    n: int
 
 
 @dataclass
@@ -32,11 +36,11 @@ class Fake:
     read_fd: int | None = None
     calls: list[float] = field(default_factory=list)
 
-    def collect(self, now: float) -> Sample:
+    def collect(self, now: float) -> FakeSample:
         self.calls.append(now)
         if self.error is not None:
             raise self.error
-        return Sample(collector=self.name, time=now, values={"n": len(self.calls)})
+        return FakeSample(time=now, n=len(self.calls))
 
     def close(self) -> None:
         self.closed = True
@@ -50,7 +54,7 @@ class WakeableFake(Fake):
 
 def test_each_collector_fails_alone() -> None:
     sample, status = run_once(Registered(Fake()), 5.0)
-    assert sample is not None and sample.values == {"n": 1} and status.ok
+    assert sample == FakeSample(time=5.0, n=1) and status.ok
     broken = Registered(Fake(name="broken", error=RuntimeError("bad sysfs parser")))
     sample, status = run_once(broken, 5.0)
     assert sample is None and not status.ok
@@ -89,46 +93,54 @@ def test_close_all_releases_what_collectors_hold() -> None:
 
 def test_summaries_for_heartbeats() -> None:
     telemetry = Telemetry()
-    nvme = {"devices": {"nvme0n1": {"latency_us": 21.04}, "nvme1n1": {"latency_us": None}}}
-    summarize(telemetry, Sample(collector="nvme", time=0, values=nvme))
-    gpus = {"gpus": [{"index": 0, "temp_c": 61, "util_pct": 97, "mem_used_mb": 1024.0}]}
-    summarize(telemetry, Sample(collector="gpu", time=0, values=gpus))
-    summarize(telemetry, Sample(collector="clock", time=0, values={"offset_ms": -0.4}))
+    nvme = {
+        "nvme0n1": NvmeDeviceReading(readonly=False, in_flight=0, latency_us=21.04),
+        "nvme1n1": NvmeDeviceReading(readonly=False, in_flight=0),
+    }
+    summarize(telemetry, NvmeLatencySample(time=0, devices=nvme))
+    identity = GpuIdentity(name="H100", uuid="u", bus_id="b", slowdown_c=None, shutdown_c=None)
+    gpu = GpuReading(index=0, identity=identity, temp_c=61, util_pct=97, mem_used_mb=1024.0)
+    summarize(telemetry, GpuHealthSample(time=0, gpus=[gpu]))
+    summarize(telemetry, ClockSample(time=0, offset_ms=-0.4))
+    summarize(telemetry, FakeSample(time=0, n=1))  # nothing a heartbeat carries
     assert telemetry.nvme_latency_us == {"nvme0n1": 21.0}
     assert telemetry.gpus == [GpuSample(index=0, temp_c=61, util_pct=97, mem_used_mb=1024.0)]
     assert telemetry.clock_offset_ms == -0.4
 
 
-def test_health_follows_the_events() -> None:
-    telemetry = Telemetry()
-    health = Health(telemetry)
-    failed = PreflightCheck(name="somaxconn", ok=False, value="4096", want=">= 65535")
-    for event in (
-        NodePreflight(ok=False, checks=[failed]),
-        TopologyDegraded(gpu_a=0, gpu_b=1),
-        NvmeLatencySpike(device="nvme0n1"),
-        GpuThermal(gpu=3, level="warning"),
-        GpuThermal(gpu=3, level="critical"),
-        ClockDrift(),
-        SpotNotice(provider="aws"),
-    ):
-        health.observe(event)
-    assert not health.preflight_ok and not health.topology_ok
-    assert telemetry.faults == [
-        "clock.drift",
-        "gpu.thermal:3:critical",
-        "node.preflight:somaxconn",
-        "nvme.latency_spike:nvme0n1",
-        "spot.notice:aws",
-        "topology.degraded:0-1",
-    ]
-    for event in (
-        NodePreflight(ok=True, checks=[PreflightCheck(name="somaxconn", ok=True)]),
-        TopologyDegraded(gpu_a=0, gpu_b=1, recovered=True),
-        NvmeLatencyRecovered(device="nvme0n1"),
-        GpuThermal(gpu=3, level="normal"),
-        ClockDrift(recovered=True),
-    ):
-        health.observe(event)
-    assert health.preflight_ok and health.topology_ok
-    assert telemetry.faults == ["spot.notice:aws"]
+def test_the_active_set_follows_what_detectors_open_and_close() -> None:
+    """What the heartbeat carries: every open condition, by key, from the events that
+    opened them; closed ones leave, whether an event or the detector alone closed them."""
+    active = ActiveConditions()
+    nvme = NvmeLatencyDetector("node-1", NvmeSettings(hold_s=0.0))
+    spot = SpotNoticeDetector("node-1")
+
+    def latency(t: float, us: float) -> None:
+        reading = NvmeDeviceReading(readonly=False, in_flight=0, latency_us=us)
+        for event in nvme.observe(NvmeLatencySample(time=t, devices={"nvme0n1": reading})):
+            active.observe(event)
+
+    latency(0, 500)
+    notice = Notice(action="terminate", deadline=datetime.now(UTC), detail="")
+    for event in spot.observe(PreemptionSample(time=1, provider="aws", notice=notice)):
+        active.observe(event)
+    active.observe(GpuXid(gpu=0, xid=79))  # a one-shot event: no condition
+    nvme_key = condition_key(ConditionKind.NVME_LATENCY, "node-1", "nvme0n1")
+    spot_key = condition_key(ConditionKind.PREEMPTION, "node-1", "aws")
+    assert [c.key for c in active.conditions()] == sorted([nvme_key, spot_key])
+    latency(2, 20)
+    assert [c.key for c in active.conditions()] == [spot_key]
+    spot.observe(PreemptionSample(time=3, provider="aws"))
+    for condition in spot.unannounced():
+        active.apply(condition)
+    assert active.conditions() == []
+
+
+def test_a_restated_condition_replaces_the_open_one() -> None:
+    active = ActiveConditions()
+    kind = ConditionKind.GPU_THERMAL
+    active.apply(Condition(kind=kind, node="n", subject="3", severity="warning", since=1))
+    active.apply(Condition(kind=kind, node="n", subject="3", severity="critical", since=2))
+    active.observe(NvmeLatencySpike(device="nvme0n1"))  # no condition: changes nothing
+    [only] = active.conditions()
+    assert (only.key, only.severity) == (condition_key(kind, "n", "3"), "critical")

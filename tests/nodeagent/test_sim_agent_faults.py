@@ -15,13 +15,15 @@ import pytest
 from agent_harness import Tap, agent, kind
 
 from coordinator.embedded_nats import NatsServer
-from nodeagent.collectors.clock_peer import serve
 from nodeagent.sim import agent_config
 from nodeagent.sim.metadata import MetadataServer
 from nodeagent.sim.node import SimulatedNode
 from proto import subjects
 from proto.codec import encode, reply_decoder
 from proto.commands import ResyncClock
+from proto.conditions import ConditionKind, Severity
+from proto.node import Heartbeat
+from ringmaster.clock_responder import serve
 
 CLUSTER = "faults"
 NODE = "node-0"
@@ -102,6 +104,11 @@ RECOVERED: list[Any] = [
 ]
 
 
+def open_(beat: Heartbeat) -> list[str]:
+    """The beat's active conditions, as ``kind:subject``."""
+    return sorted(f"{c.kind}:{c.subject}" for c in beat.conditions if c.active)
+
+
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_every_fault_once_and_its_recovery(
@@ -115,14 +122,17 @@ async def test_every_fault_once_and_its_recovery(
     try:
         with agent(config, node=NODE, cluster=CLUSTER, nats_url=nats_server.url, run_dir=run):
             await tap.wait(kind("node.preflight", ok=True), kind("topology"))
-            await tap.beat(lambda b: len(b.telemetry.gpus) == 4 and not b.telemetry.faults)
+            await tap.beat(lambda b: len(b.telemetry.gpus) == 4 and not b.conditions)
             clean = len(tap.events)
             assert [e for e in tap.events if e["severity"] != "info"] == []
 
             sim.apply(*FAULTS)
             await tap.wait(*RAISED, since=clean)
-            beat = await tap.beat(lambda b: not b.topology_ok and len(b.telemetry.faults) >= 8)
-            assert "gpu.thermal:1:critical" in beat.telemetry.faults
+            beat = await tap.beat(
+                lambda b: "topology.degraded:0-1" in open_(b) and len(open_(b)) >= 8
+            )
+            [hot] = [c for c in beat.conditions if c.kind == ConditionKind.GPU_THERMAL]
+            assert hot.subject == "1" and hot.severity == Severity.CRITICAL
             drift = next(e for e in tap.events[clean:] if RAISED[6](e))
             assert drift["offset_ms"] == pytest.approx(50.0, abs=5.0)
             spot = next(e for e in tap.events[clean:] if RAISED[7](e))
@@ -136,7 +146,8 @@ async def test_every_fault_once_and_its_recovery(
             assert reply.ok, reply.error
             sim.apply("clear")
             await tap.wait(*RECOVERED, since=clean)
-            await tap.beat(lambda b: b.topology_ok and b.telemetry.faults == ["spot.notice:aws"])
+            # a withdrawn spot notice closes its condition without an event
+            await tap.beat(lambda b: not b.conditions)
             await anyio.sleep(1.5)  # anything flapping would show now
             resynced = next(e for e in tap.events[clean:] if RECOVERED[6](e))
             assert resynced["offset_before_ms"] == pytest.approx(50.0, abs=5.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.sim.faults import (
+from proto.faults import (
     ClearFault,
     ClockOffsetFault,
     Fault,

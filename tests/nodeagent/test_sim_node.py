@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from nodeagent.collectors.nvme import NvmeLatencyCollector
@@ -28,9 +29,9 @@ class Clock:
         for _ in range(round(seconds / TICK)):
             self.node.tick(TICK)
             self.t += TICK
-        sample = self.collector.collect(self.t)
-        assert sample.values["errors"] == {}
-        devices: dict[str, dict[str, Any]] = sample.values["devices"]
+        sample = msgspec.to_builtins(self.collector.collect(self.t))
+        assert sample["errors"] == {}
+        devices: dict[str, dict[str, Any]] = sample["devices"]
         return devices
 
 
@@ -44,10 +45,10 @@ def latencies(devices: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_tree_layout(tmp_path: Path) -> None:
-    node = SimulatedNode(tmp_path, "node-0", nvme_devices=3)
-    assert node.devices == ["nvme0n1", "nvme1n1", "nvme2n1"]
+    SimulatedNode(tmp_path, "node-0", nvme_devices=3)
     assert (tmp_path / "proc").is_dir()
     block = tmp_path / "sys" / "block"
+    assert sorted(p.name for p in block.iterdir()) == ["nvme0n1", "nvme1n1", "nvme2n1"]
     assert (block / "nvme2n1").is_symlink()
     assert len((block / "nvme2n1" / "stat").read_text().split()) == 17
     assert (block / "nvme2n1" / "ro").read_text() == "0\n"
@@ -95,15 +96,15 @@ def test_readonly_on_off(clock: Clock) -> None:
     smart = NvmeSmartCollector(
         clock.node.roots, command=["cat", f"{clock.node.smart_dir}/{{device}}.json"]
     )
-    assert smart.collect(0).values["devices"]["nvme1n1"]["critical_warning"] == 0
+    assert smart.collect(0).devices["nvme1n1"].critical_warning == 0
     clock.node.apply("nvme-readonly=on")
     assert clock.node.faults() == ["nvme-readonly=on"]
     assert all(d["readonly"] for d in clock.window().values())
-    assert all(d["media_readonly"] for d in smart.collect(1).values["devices"].values())
+    assert all(d.media_readonly for d in smart.collect(1).devices.values())
     clock.node.apply("nvme-readonly=off")
     assert clock.node.faults() == []
     assert not any(d["readonly"] for d in clock.window().values())
-    assert not any(d["warnings"] for d in smart.collect(2).values["devices"].values())
+    assert not any(d.warnings for d in smart.collect(2).devices.values())
 
 
 def test_latency_is_accurate_over_short_windows(clock: Clock) -> None:

@@ -78,10 +78,10 @@ def test_inject_over_nats_changes_what_the_collector_reads(sim: Sim, nats_url: s
     collector = NvmeLatencyCollector(Roots(sysfs=sim.root / "node-1" / "sys"))
     collector.collect(time.monotonic())
     time.sleep(0.5)
-    devices = collector.collect(time.monotonic()).values["devices"]
-    assert devices["nvme0n1"]["latency_us"] == pytest.approx(20.0, abs=3)
-    assert devices["nvme1n1"]["latency_us"] == pytest.approx(500.0, abs=3)
-    assert 3000 <= devices["nvme1n1"]["iops"] <= 6000
+    devices = collector.collect(time.monotonic()).devices
+    assert devices["nvme0n1"].latency_us == pytest.approx(20.0, abs=3)
+    assert devices["nvme1n1"].latency_us == pytest.approx(500.0, abs=3)
+    assert 3000 <= devices["nvme1n1"].iops <= 6000
 
     replies = asyncio.run(
         requests(

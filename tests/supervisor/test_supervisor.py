@@ -3,18 +3,19 @@ exit reports, and stops that leave no process of the rank's group behind."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import textwrap
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
-from nodeagent.supervisor import Supervisor, socket_path
+from nodeagent.supervisor import Supervisor, SupervisorError
 from proto.commands import Launch, RankSpec
 from proto.events import EventBase, WorkerExited
 from proto.job import JobSection, JobSpec
 from proto.progress import Progress, StepDone
+from ringmaster.procs import pid_alive, read_pid, wait_until_async
+from ringmaster.rundir import JobDir, LiveRank, live_ranks
 
 pytestmark = pytest.mark.anyio
 
@@ -57,21 +58,14 @@ def launch_cmd(tmp_path: Path, ranks: int = 2) -> Launch:
     )
 
 
-def alive(pid: int) -> bool:
+async def until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
+    async def holds() -> bool:
+        return pred()
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-async def until(pred, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+        await wait_until_async(holds, timeout, interval=0.02)
+    except TimeoutError:
+        raise AssertionError("condition not met in time") from None
 
 
 class Sink:
@@ -86,9 +80,27 @@ class Sink:
         self.progress.append(p)
 
 
-async def test_progress_and_control_flow_through_the_socket(tmp_path: Path) -> None:
-    sink = Sink()
-    sup = Supervisor("n", tmp_path / "run", sink.event, sink.prog)
+@pytest.fixture
+def sink() -> Sink:
+    return Sink()
+
+
+@pytest.fixture
+async def sup(tmp_path: Path, sink: Sink) -> AsyncIterator[Supervisor]:
+    """A supervisor whose ranks (and their process groups) are killed at the end, whatever
+    the test's outcome."""
+    supervisor = Supervisor("n", tmp_path / "run", sink.event, sink.prog)
+    try:
+        yield supervisor
+    finally:
+        for job in list(supervisor.runs):
+            await supervisor.stop(job, force=True, grace_s=0)
+        await supervisor.close()
+
+
+async def test_progress_and_control_flow_through_the_socket(
+    sup: Supervisor, sink: Sink, tmp_path: Path
+) -> None:
     pids = await sup.launch(launch_cmd(tmp_path))
     assert len(pids) == 2 and sup.jobs() == ["j1"]
     await until(lambda: any(isinstance(p, StepDone) and p.step == 1 for p in sink.progress))
@@ -99,13 +111,24 @@ async def test_progress_and_control_flow_through_the_socket(tmp_path: Path) -> N
     exits = {e.rank: e for e in sink.events if isinstance(e, WorkerExited)}
     assert exits[0].exit_code == 0  # rank 0 obeyed the stop word
     assert exits[1].signal is not None  # rank 1 was terminated after the grace period
+    assert sup.jobs() == []
     children = [int((tmp_path / f"child-{r}").read_text()) for r in (0, 1)]
-    await until(lambda: not [p for p in [*pids, *children] if alive(p)], timeout=5)
+    await until(lambda: not [p for p in [*pids, *children] if pid_alive(p)], timeout=5)
 
 
-async def test_forced_stop_escalates_to_sigkill_and_kills_the_group(tmp_path: Path) -> None:
-    sink = Sink()
-    sup = Supervisor("n", tmp_path / "run", sink.event, sink.prog)
+async def test_ranks_get_the_run_dir_layout_and_the_rank_marker(
+    sup: Supervisor, tmp_path: Path
+) -> None:
+    pids = await sup.launch(launch_cmd(tmp_path))
+    job = JobDir(sup.run_dir, "j1")
+    assert job.spec.exists() and job.rank_log(0).exists()
+    assert [read_pid(job.rank_pid(r)) for r in (0, 1)] == pids
+    assert live_ranks(sup.run_dir) == [LiveRank("j1", r, pid) for r, pid in enumerate(pids)]
+
+
+async def test_forced_stop_escalates_to_sigkill_and_kills_the_group(
+    sup: Supervisor, sink: Sink, tmp_path: Path
+) -> None:
     sup.shm = tmp_path / "shm"
     staged = sup.shm / "ringmaster-j1" / "rank-0"
     staged.mkdir(parents=True)
@@ -115,24 +138,14 @@ async def test_forced_stop_escalates_to_sigkill_and_kills_the_group(tmp_path: Pa
     await until(lambda: (tmp_path / "child-0").exists())
     child = int((tmp_path / "child-0").read_text())
     await sup.stop("j1", force=True, grace_s=0)
-    await until(lambda: not alive(pid) and not alive(child), timeout=5)
+    await until(lambda: not pid_alive(pid) and not pid_alive(child), timeout=5)
     [exit_] = [e for e in sink.events if isinstance(e, WorkerExited)]
     assert exit_.signal == 9 and exit_.attempt == 1
     assert not staged.parent.exists(), "RAM staging of dead ranks must be removed"
 
 
-async def test_a_second_launch_of_a_live_job_is_refused(tmp_path: Path) -> None:
-    sink = Sink()
-    sup = Supervisor("n", tmp_path / "run", sink.event, sink.prog)
-    await sup.launch(launch_cmd(tmp_path, ranks=1))
-    with pytest.raises(Exception, match="already has live ranks"):
+async def test_a_second_launch_of_a_live_job_is_refused(sup: Supervisor, tmp_path: Path) -> None:
+    [pid] = await sup.launch(launch_cmd(tmp_path, ranks=1))
+    with pytest.raises(SupervisorError, match=r"job j1 already has live ranks \[0\]"):
         await sup.launch(launch_cmd(tmp_path, ranks=1))
-    await sup.stop("j1", force=True, grace_s=0)
-
-
-def test_long_job_directories_get_a_short_socket_path(tmp_path: Path) -> None:
-    short = socket_path(tmp_path / "j")
-    assert short == tmp_path / "j" / "control.sock"
-    deep = tmp_path / ("x" * 120) / "jobs" / "j1"
-    path = socket_path(deep)
-    assert len(os.fsencode(path)) < 100 and path != socket_path(deep.parent / "j2")
+    assert pid_alive(pid), "the refused launch must leave the running rank alone"

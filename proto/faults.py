@@ -1,8 +1,11 @@
-"""The fault language of ``coordinatorctl inject`` (docs/signals.md), parsed into typed structs.
+"""The fault language of ``coordinatorctl inject NODE FAULT`` (docs/signals.md): contract,
+parsed into typed structs. Pure: no I/O.
 
-Parsing is pure and covers every fault form, even those the simulator cannot act on yet, so
-that a typo is refused with a clear message and the same structs serve each simulated
-signal as it is added. ``str(fault)`` gives the canonical form, used to list active faults.
+Both sides read it from here: ``coordinatorctl`` parses a fault before sending it (and acts
+on ``kill-agent`` and ``kill-worker`` itself), and the hardware simulator
+(``nodeagent.sim``) parses what it receives and applies it. Parsing covers every fault
+form, even those the simulator cannot act on yet, so that a typo is refused with a clear
+one-line message. ``str(fault)`` gives the canonical form, used to list active faults.
 """
 
 from __future__ import annotations
@@ -176,7 +179,7 @@ def _number(text: str, *, low: float = -math.inf, high: float = math.inf) -> flo
     except ValueError:
         raise _Bad(f"{text!r} is not a number") from None
     if not math.isfinite(value) or not low <= value <= high:
-        raise _Bad(f"{text} is out of range")
+        raise _Bad(f"{text.strip()} is out of range")
     return value
 
 

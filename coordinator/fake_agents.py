@@ -1,0 +1,69 @@
+"""Node agents as the job manager sees them, in memory: a :class:`CommandSender` that
+answers commands the way real agents do (fencing by epoch, a port for the master, pids
+for a launch) and records what it was told. Shipped beside the real sender so the job
+lifecycle is tested without a NATS server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from proto.commands import CommandBase, CommandReply, Launch, ReservePort
+
+
+@dataclass
+class FakeAgents:
+    """Every node's agent. ``down`` nodes do not answer; ``failing`` ones answer errors."""
+
+    port: int = 29500
+    epoch_seen: dict[str, int] = field(default_factory=dict)
+    received: list[tuple[str, CommandBase]] = field(default_factory=list)
+    refused: list[tuple[str, CommandBase]] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)
+    failing: dict[str, str] = field(default_factory=dict)
+
+    def sender(self, me: str, epoch: Callable[[], int]) -> FakeSender:
+        """The command channel of a coordinator called ``me`` leading at ``epoch()``."""
+        return FakeSender(self, me, epoch)
+
+    def handle(self, node: str, cmd: CommandBase) -> CommandReply:
+        if node in self.down:
+            return CommandReply(ok=False, node=node, error=f"node {node} did not answer in time")
+        seen = self.epoch_seen.get(node, 0)
+        if cmd.epoch < seen:
+            self.refused.append((node, cmd))
+            return CommandReply(
+                ok=False, node=node, epoch_seen=seen, error=f"stale epoch {cmd.epoch} < {seen}"
+            )
+        self.epoch_seen[node] = cmd.epoch
+        self.received.append((node, cmd))
+        if node in self.failing:
+            return CommandReply(ok=False, node=node, epoch_seen=cmd.epoch, error=self.failing[node])
+        reply = CommandReply(ok=True, node=node, epoch_seen=cmd.epoch)
+        if isinstance(cmd, ReservePort):
+            reply.port = self.port
+        elif isinstance(cmd, Launch):
+            reply.pids = [10_000 + r.rank for r in cmd.ranks]
+        return reply
+
+    def commands(self, kind: type[CommandBase], node: str | None = None) -> list[CommandBase]:
+        """What the agents accepted, of one command type (and on one node)."""
+        return [c for n, c in self.received if isinstance(c, kind) and node in (None, n)]
+
+
+@dataclass
+class FakeSender:
+    agents: FakeAgents
+    me: str
+    epoch: Callable[[], int]
+
+    async def send(self, node: str, cmd: CommandBase, timeout: float = 10.0) -> CommandReply:
+        cmd.epoch, cmd.issued_by = self.epoch(), self.me
+        await asyncio.sleep(0)  # a real request yields to the loop
+        return self.agents.handle(node, cmd)
+
+    async def send_all(
+        self, nodes: list[str], make: Callable[[], CommandBase], timeout: float = 10.0
+    ) -> dict[str, CommandReply]:
+        return {node: await self.send(node, make(), timeout) for node in nodes}

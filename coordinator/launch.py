@@ -1,0 +1,144 @@
+"""Starting an attempt of a job: admission → the master's port → launch on every node.
+
+A failure on any node undoes the launch everywhere and leaves the job where it was, to be
+tried again on the next tick. The record is saved (compare-and-set) before any node is
+told to start ranks, so a deposed leader cannot launch what its successor does not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from coordinator.commander import CommandSender
+from coordinator.registry import Registry
+from coordinator.rendezvous import admit, plan
+from proto.commands import Launch, ReservePort, Stop
+from proto.events import EventBase, JobRestarted, JobStarted, NodeRefused, Severity
+from proto.job import JobRecord, JobState
+
+log = structlog.get_logger()
+Publish = Callable[[EventBase], Awaitable[None]]
+Save = Callable[[JobRecord], Awaitable[None]]
+
+
+class Launcher:
+    def __init__(
+        self, cmd: CommandSender, registry: Registry, publish: Publish, save: Save
+    ) -> None:
+        self.cmd, self.registry, self.publish, self.save = cmd, registry, publish, save
+        self._waiting_logged: dict[str, str] = {}
+        self._refusals: dict[str, dict[str, str]] = {}
+
+    async def start(self, job: JobRecord, busy: set[str]) -> bool:
+        """One try at starting ``job``'s next attempt; True when every node launched."""
+        spec = job.spec.job
+        adm = admit(
+            list(self.registry.nodes.values()),
+            spec.nodes,
+            spec.gpus_per_node,
+            busy,
+            set(job.excluded),
+        )
+        if not adm.chosen:
+            why = f"waiting for {spec.nodes} healthy nodes; skipped: " + (
+                "; ".join(f"{n}: {r}" for n, r in adm.skipped.items()) or "none registered"
+            )
+            if self._waiting_logged.get(job.id) != why:
+                self._waiting_logged[job.id] = why
+                log.info("job waiting", job=job.id, why=why)
+                job.reason = why
+                await self._explain(job, adm.skipped)
+            return False
+        nodes = [n.id for n in adm.chosen]
+        reply = await self.cmd.send(nodes[0], ReservePort(job=job.id))
+        if not reply.ok:
+            job.reason = f"master {nodes[0]} could not reserve a port: {reply.error}"
+            return False
+        restarting = job.state is JobState.RECOVERING
+        job.attempt += 1
+        job.exited_ranks, job.finished = {}, ""
+        job.nodes, job.world_size = nodes, len(nodes) * spec.gpus_per_node
+        job.master_addr, job.master_port = adm.chosen[0].addr, reply.port
+        job.state, job.started_at = JobState.STARTING, job.started_at or time.time()
+        await self.save(job)
+        plans = plan(adm.chosen, spec.gpus_per_node, reply.port, spec.env)
+        timeout = 30 + (spec.pre_start_timeout_s if spec.pre_start else 0)
+        replies = await asyncio.gather(
+            *(
+                self.cmd.send(
+                    p.node,
+                    Launch(
+                        job=job.id,
+                        ranks=p.ranks,
+                        spec=job.spec,
+                        argv=spec.entry or [],
+                        env=p.env,
+                        workdir=job.workdir,
+                        attempt=job.attempt,
+                        pre_start=spec.pre_start,
+                    ),
+                    timeout=timeout,
+                )
+                for p in plans
+            )
+        )
+        failed = {
+            r.node or p.node: r.error for p, r in zip(plans, replies, strict=True) if not r.ok
+        }
+        if failed:
+            job.reason = "launch failed: " + "; ".join(f"{n}: {e}" for n, e in failed.items())
+            log.warning("launch failed", job=job.id, failed=failed)
+            await self.cmd.send_all(nodes, lambda: Stop(job=job.id, force=True, reason="undo"))
+            job.state = JobState.RECOVERING if restarting else JobState.PENDING
+            await self.save(job)
+            return False
+        job.reason = ""
+        if spec.entry:
+            job.state = JobState.RUNNING  # a user's script sends no progress: running now
+        await self._explain(job, adm.skipped)
+        await self.save(job)
+        await self.publish(self._started(job, restarting, adm.skipped))
+        return True
+
+    @staticmethod
+    def _started(job: JobRecord, restarting: bool, skipped: dict[str, str]) -> EventBase:
+        message = f"{job.world_size} ranks on {', '.join(job.nodes)}; master {job.master_addr}"
+        if restarting:
+            return JobRestarted(
+                job=job.id,
+                restarts=job.restarts,
+                world_size=job.world_size,
+                nodes=job.nodes,
+                from_step=job.last_checkpoint_step or 0,
+                message=message,
+            )
+        return JobStarted(
+            job=job.id,
+            world_size=job.world_size,
+            nodes=job.nodes,
+            master_addr=job.master_addr,
+            master_port=job.master_port,
+            skipped=skipped,
+            message=message,
+        )
+
+    async def _explain(self, job: JobRecord, skipped: dict[str, str]) -> None:
+        """One ``node.refused`` event per node and reason, so ``tail`` says why a node was
+        passed over (busy nodes are not news)."""
+        told = self._refusals.setdefault(job.id, {})
+        for node, reason in skipped.items():
+            if told.get(node) != reason and not reason.startswith("busy"):
+                told[node] = reason
+                await self.publish(
+                    NodeRefused(
+                        node=node,
+                        job=job.id,
+                        severity=Severity.WARNING,
+                        reason=reason,
+                        message=f"{node} not admitted: {reason}",
+                    )
+                )

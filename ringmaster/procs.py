@@ -1,0 +1,79 @@
+"""Process helpers the CLI, the agent's run-dir layout and the tests share: is a PID
+running, the PID in a PID file, and polling until a condition holds.
+
+Polling comes in two colours, :func:`wait_until` for blocking callers and
+:func:`wait_until_async` for coroutines, with the same contract: call the predicate, return
+its first truthy result, and raise ``TimeoutError`` once ``timeout`` seconds have passed
+(``None``: wait for ever). The predicate is always called at least once, and once more at
+the deadline, so a condition that holds by then is never reported as a timeout. Callers
+turn the ``TimeoutError`` into their own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def pid_alive(pid: int) -> bool:
+    """Running, and not a zombie: a child that exited but was not reaped yet still has a
+    PID, yet it is not running anything."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    with contextlib.suppress(OSError, IndexError):
+        # the state follows the parenthesised command name, which may itself hold ')'
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True
+
+
+def read_pid(path: Path) -> int | None:
+    """The PID written in ``path``; None if the file is missing or holds no number."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        return int(path.read_text().strip())
+    return None
+
+
+class _Deadline:
+    def __init__(self, timeout: float | None) -> None:
+        self._at = None if timeout is None else time.monotonic() + timeout
+
+    def pause(self, interval: float) -> float:
+        """How long to sleep before the next try; TimeoutError once the deadline passed."""
+        if self._at is None:
+            return interval
+        left = self._at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return min(interval, left)
+
+
+def wait_until(
+    predicate: Callable[[], T | None], timeout: float | None, interval: float = 0.05
+) -> T:
+    """Call ``predicate`` every ``interval`` s until it returns something truthy; return it."""
+    deadline = _Deadline(timeout)
+    while not (result := predicate()):
+        time.sleep(deadline.pause(interval))
+    return result
+
+
+async def wait_until_async(
+    predicate: Callable[[], Awaitable[T | None]], timeout: float | None, interval: float = 0.05
+) -> T:
+    """:func:`wait_until` for an async predicate, sleeping without blocking the loop."""
+    deadline = _Deadline(timeout)
+    while not (result := await predicate()):
+        await asyncio.sleep(deadline.pause(interval))
+    return result

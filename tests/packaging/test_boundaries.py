@@ -1,0 +1,86 @@
+"""Package boundaries: the coordinator and the node agent ship and run apart, so neither
+imports the other; both share only ``proto`` (the wire contract) and ``ringmaster`` (the
+shared runtime). Neither imports the trainer: the agent starts ranks as processes
+(``python -m trainer.worker``), it does not load the trainer's code.
+
+Every import counts: ``import x`` and ``from x import y``, at module level or inside a
+function, absolute or relative (resolved against the importing module's package)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FORBIDDEN = {
+    "coordinator": ("nodeagent", "trainer"),
+    "nodeagent": ("coordinator", "trainer"),
+}
+
+
+def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) for every import statement in ``path``."""
+    # relative imports start from the module's package (for __init__.py, the package itself)
+    package = path.relative_to(root).parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            yield node.lineno, ".".join([*base, *([node.module] if node.module else [])])
+
+
+def violations(package: str, root: Path = ROOT) -> list[str]:
+    return [
+        f"{path.relative_to(root)}:{line} imports {module}"
+        for path in sorted((root / package).rglob("*.py"))
+        for line, module in sorted(imported_modules(path, root))
+        if module.split(".")[0] in FORBIDDEN[package]
+    ]
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_import_across_the_boundary(package: str) -> None:
+    found = violations(package)
+    banned = " or ".join(FORBIDDEN[package])
+    assert not found, f"{package}/ must not import {banned}:\n" + "\n".join(found)
+
+
+def test_the_check_catches_every_form_of_import(tmp_path: Path) -> None:
+    """A guard that finds nothing proves nothing unless it would have found something."""
+    sub = tmp_path / "coordinator" / "sub"
+    sub.mkdir(parents=True)
+    (sub / "mod.py").write_text(
+        "import nodeagent\n"
+        "import os, nodeagent.sim as sim\n"
+        "from nodeagent.collectors import clock_peer\n"
+        "from proto import faults\n"
+        "def late():\n"
+        "    from trainer import worker\n"
+        "    import trainer.loop\n"
+        "from ..nodeagent import x\n"  # coordinator.nodeagent: inside the package, allowed
+        "from . import sibling\n"
+    )
+    assert violations("coordinator", tmp_path) == [
+        "coordinator/sub/mod.py:1 imports nodeagent",
+        "coordinator/sub/mod.py:2 imports nodeagent.sim",
+        "coordinator/sub/mod.py:3 imports nodeagent.collectors",
+        "coordinator/sub/mod.py:6 imports trainer",
+        "coordinator/sub/mod.py:7 imports trainer.loop",
+    ]
+
+
+def test_relative_imports_resolve_against_the_package(tmp_path: Path) -> None:
+    module = tmp_path / "nodeagent" / "sim" / "node.py"
+    init = tmp_path / "nodeagent" / "sim" / "__init__.py"
+    module.parent.mkdir(parents=True)
+    source = "from . import gpus\nfrom ..collectors.base import Roots\nfrom .faults import X\n"
+    module.write_text(source)
+    init.write_text(source)
+    expected = [(1, "nodeagent.sim"), (2, "nodeagent.collectors.base"), (3, "nodeagent.sim.faults")]
+    assert list(imported_modules(module, tmp_path)) == expected
+    assert list(imported_modules(init, tmp_path)) == expected

@@ -1,0 +1,74 @@
+"""The shared process helpers: liveness that does not count zombies, PID files, and the
+one polling loop every wait in the CLI and the tests is built on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
+
+
+def test_a_running_process_is_alive_and_a_zombie_or_a_reaped_one_is_not() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert pid_alive(proc.pid)
+        proc.kill()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # a zombie now
+        assert not pid_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not pid_alive(proc.pid)
+
+
+def test_read_pid(tmp_path: Path) -> None:
+    (tmp_path / "ok.pid").write_text("1234\n")
+    (tmp_path / "empty.pid").write_text("")
+    assert read_pid(tmp_path / "ok.pid") == 1234
+    assert read_pid(tmp_path / "empty.pid") is None
+    assert read_pid(tmp_path / "missing.pid") is None
+
+
+def test_wait_until_returns_the_first_truthy_result() -> None:
+    answers = iter([None, 0, "", "done", "later"])
+    assert wait_until(lambda: next(answers), timeout=5, interval=0.001) == "done"
+
+
+def test_wait_until_times_out_after_one_last_try_at_the_deadline() -> None:
+    calls: list[float] = []
+
+    def never() -> bool:
+        calls.append(time.monotonic())
+        return False
+
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        wait_until(never, timeout=0.2, interval=0.05)
+    assert calls[-1] - start >= 0.2 and len(calls) >= 2  # first try, last try
+
+
+def test_wait_until_tries_once_even_with_no_time_left() -> None:
+    assert wait_until(lambda: True, timeout=0) is True
+    with pytest.raises(TimeoutError):
+        wait_until(lambda: False, timeout=0)
+
+
+@pytest.mark.anyio
+async def test_wait_until_async_awaits_the_predicate() -> None:
+    answers = iter([None, None, 7])
+
+    async def ready() -> int | None:
+        return next(answers)
+
+    async def never() -> bool:
+        return False
+
+    assert await wait_until_async(ready, timeout=None, interval=0.001) == 7
+    with pytest.raises(TimeoutError):
+        await wait_until_async(never, timeout=0.05, interval=0.01)

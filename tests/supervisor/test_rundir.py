@@ -1,0 +1,85 @@
+"""The agent's run-dir layout as coordinatorctl reads it: which PID files are live ranks.
+
+A PID file outlives its process and a PID can be reused, so only a running process that
+carries the rank marker of that very job counts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ringmaster.procs import pid_alive
+from ringmaster.rundir import JOB_ENV, JobDir, LiveRank, is_rank, live_ranks
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def spawn() -> Iterator[Spawn]:
+    """Start sleepers with extra environment; every one is killed and reaped at the end."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(**env: str) -> subprocess.Popen[bytes]:
+        inherited = {k: v for k, v in os.environ.items() if k != JOB_ENV}
+        procs.append(subprocess.Popen(SLEEP, env={**inherited, **env}))
+        return procs[-1]
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_live_ranks_are_running_processes_marked_with_their_job(
+    tmp_path: Path, spawn: Spawn
+) -> None:
+    job = JobDir(tmp_path, "j1")
+    job.path.mkdir(parents=True)
+    rank0 = spawn(**{JOB_ENV: "j1"})
+    rank3 = spawn(**{JOB_ENV: "j1"})
+    stranger = spawn()  # a reused PID: some other process
+    other_job = spawn(**{JOB_ENV: "j2"})
+    gone = spawn(**{JOB_ENV: "j1"})
+    gone.kill()
+    gone.wait()
+    for rank, pid in ((0, rank0.pid), (3, rank3.pid), (1, stranger.pid), (2, other_job.pid)):
+        job.rank_pid(rank).write_text(str(pid))
+    job.rank_pid(4).write_text(str(gone.pid))
+    job.rank_pid(5).write_text("")  # written but not yet filled
+    (job.path / "rank-x.pid").write_text(str(rank0.pid))  # not a rank's file
+    assert live_ranks(tmp_path) == [LiveRank("j1", 0, rank0.pid), LiveRank("j1", 3, rank3.pid)]
+
+
+def test_a_zombie_is_not_a_live_rank(spawn: Spawn) -> None:
+    rank = spawn(**{JOB_ENV: "j1"})
+    rank.kill()
+    os.waitid(os.P_PID, rank.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+    assert not pid_alive(rank.pid) and not is_rank(rank.pid, "j1")
+
+
+def test_no_jobs_directory_means_no_ranks(tmp_path: Path) -> None:
+    assert live_ranks(tmp_path / "never-started") == []
+
+
+def test_job_files(tmp_path: Path) -> None:
+    job = JobDir(tmp_path, "j1")
+    assert job.path == tmp_path / "jobs" / "j1"
+    assert job.spec == job.path / "spec.json"
+    assert job.rank_pid(2) == job.path / "rank-2.pid"
+    assert job.rank_log(2) == job.path / "rank-2.log"
+    assert job.pre_start_log == job.path / "pre-start.log"
+
+
+def test_long_job_directories_get_a_short_control_socket(tmp_path: Path) -> None:
+    assert JobDir(tmp_path, "j1").control_socket == tmp_path / "jobs" / "j1" / "control.sock"
+    deep = tmp_path / ("x" * 120)
+    path = JobDir(deep, "j1").control_socket
+    assert len(os.fsencode(path)) < 100 and path != JobDir(deep, "j2").control_socket
