@@ -18,21 +18,24 @@ from typing import Any
 import msgspec
 import torch
 
+from trainer.compile import compile_blocks
 from trainer.data import SYNTHETIC, Batches, Layout
+from trainer.flops import model_flops_per_token
+from trainer.fp8_auto import Fp8Recipe
 from trainer.model import GPT, count_params, lm_loss
-from trainer.precision import (
-    _in_block_linear,
-    apply_precision,
-    autocast_context,
-    count_float8_linears,
-)
+from trainer.precision import apply_precision, autocast_context, count_float8_linears
 from trainer.presets import ModelConfig
 
 GIB = 1 << 30
-# bf16 and fp8-*: fp32 master weights under bf16 autocast; fp8-* also turn the in-block
-# linears into torchao Float8Linear. fp8-trainer is trainer.precision's own fp8 path as-is
-# (tensorwise, no autocast: everything outside the in-block linears stays fp32).
+# bf16 and fp8-*: fp32 master weights under bf16 autocast; fp8-* also turn every in-block
+# linear into a torchao Float8Linear with that scaling. fp8-trainer is the job default,
+# train.fp8_recipe = "auto" (per linear: tensorwise, rowwise or BF16, by shape).
 MODES = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-trainer")
+FP8_RECIPES: dict[str, Fp8Recipe] = {
+    "fp8-tensorwise": "tensorwise",
+    "fp8-rowwise": "rowwise",
+    "fp8-trainer": "auto",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,15 +147,8 @@ def build(mode: str, run: Run) -> tuple[GPT, Callable[[], Any]]:
     torch.manual_seed(run.seed)
     with run.device:
         model = GPT(run.cfg)
-    if mode == "fp8-trainer":
-        apply_precision(model, "fp8", run.device)
-        return model, autocast_context("fp8", run.device)
     if mode.startswith("fp8-"):
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-        recipe = Float8LinearConfig.from_recipe_name(mode.removeprefix("fp8-"))
-        config = dataclasses.replace(recipe, emulate=run.emulate)
-        convert_to_float8_training(model, config=config, module_filter_fn=_in_block_linear)
+        apply_precision(model, "fp8", run.device, FP8_RECIPES[mode], emulate=run.emulate)
     return model, autocast_context("bf16", run.device)
 
 
@@ -163,8 +159,7 @@ def train(mode: str, run: Run, micro_batch: int, deadline: float, nvml: Nvml) ->
     n_params = count_params(model)
     fp8_linears = count_float8_linears(model)
     if run.compile:  # regional: one compiled graph serves all the identical blocks
-        for block in model.blocks:
-            block.compile()
+        compile_blocks(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr)
     batches = Batches(
         SYNTHETIC,
@@ -218,13 +213,7 @@ def train(mode: str, run: Run, micro_batch: int, deadline: float, nvml: Nvml) ->
     timed = durations[run.warmup :]
     values = [float(v) for v in torch.stack(losses).float().cpu()]
     tokens = micro_batch * run.seq_len
-    # 6N per token for the matmuls (the tied head counted once; position table excluded)
-    # plus PaLM's 12·L·d·T attention term.
-    cfg = run.cfg
-    flops = (
-        6 * (n_params - cfg.max_seq_len * cfg.d_model)
-        + 12 * cfg.n_layers * cfg.d_model * run.seq_len
-    )
+    flops = model_flops_per_token(run.cfg, run.seq_len)  # 6N + PaLM's attention term
     median = statistics.median(timed) if timed else None
     return {
         "micro_batch": micro_batch,
@@ -282,7 +271,10 @@ def checkpoint_stall(
     step: seconds the loop is blocked against the whole save done synchronously (snapshot,
     write, sha256, fsync, manifest). ``dcp``: the DDP/FSDP engines' path (DCP
     ``async_save`` staging into pinned host buffers, on a one-rank gloo group); else the
-    DeepSpeed engine's capture (state dicts copied into reused host buffers, torch.save)."""
+    DeepSpeed engine's capture (state dicts copied into reused host buffers, torch.save).
+    As in the trainer, the host buffers are allocated in the background before the first
+    checkpoint (``background_alloc_s``, waited for here: a run keeps training meanwhile),
+    so ``first_blocked_s`` should be close to the later ``blocked_s``."""
     import torch.distributed as dist
 
     from trainer import durable
@@ -317,6 +309,14 @@ def checkpoint_stall(
         assert manifest is not None
         return sum(e.size for n, e in manifest.files.items() if n != trainer_file)
 
+    started = time.monotonic()  # Engine.prepare_snapshot, after the first step
+    if dcp_state is not None:
+        dcp_state.prepare()
+        dcp_state.wait_prepared()
+    else:
+        buffers.reserve({shard: {"model": model.state_dict(), "optimizer": optimizer.state_dict()}})
+        buffers.wait()
+    background_alloc_s = time.monotonic() - started
     staging = default_staging_dir("gpu-bench", root)
     ckpt = Checkpointer(root / "ckpt", staging, Coordination(), keep=1, engine="ddp")
     blocked: list[float] = []
@@ -346,6 +346,7 @@ def checkpoint_stall(
         "state_gb": size / 1e9,
         "path": "dcp" if dcp else "host buffers",
         "host_buffers_gb": buffers.nbytes / 1e9 if not dcp else None,
+        "background_alloc_s": background_alloc_s,
         "first_blocked_s": blocked[0],
         "first_full_s": full[0],
         "blocked_s": b,

@@ -158,7 +158,8 @@ class JobManager:
                 )
                 self._exited_at.setdefault((job.id, job.attempt), time.monotonic())
                 self._dirty.add(job.id)
-            for action in policy.decide(job, event):
+            silent = self.registry.silent(job.nodes, time.monotonic())
+            for action in policy.decide(job, event, silent):
                 await self.apply(job, action)
 
     async def on_progress(self, msg: Progress) -> None:
@@ -174,7 +175,9 @@ class JobManager:
                     if job.restarts:
                         charge_lost_work(job, step - 1)
                 job.step, job.loss = step, loss
-                job.tokens_per_s = msg.tokens_per_s or None
+                job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
+                if msg.compile_s is not None:
+                    job.compile_s = msg.compile_s
             case Paused(step=step):
                 job.state, job.step = JobState.PAUSED, max(job.step, step)
                 job.pauses += 1

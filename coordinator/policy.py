@@ -73,8 +73,11 @@ class FinishJob:
 Action = PauseJob | ResumeJob | CheckpointJob | RestartJob | DrainNode | ResyncNode | FinishJob
 
 
-def decide(job: JobRecord, event: EventBase) -> list[Action]:
-    """The job's reaction to one event: its condition if it carries one, else its kind."""
+def decide(job: JobRecord, event: EventBase, silent: frozenset[str] = frozenset()) -> list[Action]:
+    """The job's reaction to one event: its condition if it carries one, else its kind.
+    ``silent``: nodes whose agents have missed a beat; a rank's exit that restarts the job
+    excludes them, since a dead machine's peers exit first and its own loss is seconds
+    away (one fault, one restart)."""
     if event.condition is not None:
         return on_condition(job, event.condition)
     if job.state not in LIVE or (event.node is not None and event.node not in job.nodes):
@@ -87,7 +90,11 @@ def decide(job: JobRecord, event: EventBase) -> list[Action]:
             # dying during teardown loses nothing, so it is no reason to restart.
             return all_exited(job)
         case WorkerExited(node=node, rank=rank, exit_code=code) if code != 0:
-            return _restart_or_fail(job, f"rank {rank} on {node} failed ({event.message})", ())
+            why = f"rank {rank} on {node} failed ({event.message})"
+            gone = tuple(sorted(silent & set(job.nodes)))
+            if gone:
+                why += f"; {', '.join(gone)} silent, left out"
+            return _restart_or_fail(job, why, gone)
         case WorkerExited():
             return all_exited(job)
         case NodeLost(node=str(node)):
@@ -95,8 +102,13 @@ def decide(job: JobRecord, event: EventBase) -> list[Action]:
                 DrainNode(node, "heartbeat lost"),
                 *_restart_or_fail(job, f"node {node} lost", (node,)),
             ]
-        case ClockResynced(node=str(node), ok=False, offset_after_ms=after):
-            why = f"clock on {node} still {after:.1f} ms off after a resync"
+        case ClockResynced(node=str(node), ok=False, offset_after_ms=after) if (
+            event.offset_measured and abs(after) > job.spec.policy.clock_max_offset_ms
+        ):
+            # Only a measured offset beyond the limit is evidence: a resync that failed
+            # for want of a tool, on a clock measured in bounds, is the event's warning.
+            limit = job.spec.policy.clock_max_offset_ms
+            why = f"clock on {node} still {after:+.1f} ms off (limit {limit:g} ms) after a resync"
             return [DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
     return []
 

@@ -139,6 +139,19 @@ class Registry:
                 lost.append(node)
         return lost
 
+    def silent(self, nodes: list[str], now: float, beats: float = 1.5) -> frozenset[str]:
+        """Those of ``nodes`` whose agent has been quiet for ``beats`` intervals (not yet
+        lost, but no longer to be counted on); nobody while the bus is out."""
+        if self.bus_out(now):
+            return frozenset()
+        return frozenset(
+            node_id
+            for node_id in nodes
+            if (node := self.nodes.get(node_id)) is None
+            or node.state is NodeState.LOST
+            or now - node.last_seen > beats * node.interval_s
+        )
+
     def drain(self, node_id: str, reason: str) -> None:
         node = self.nodes.get(node_id)
         if node is not None and node.state is not NodeState.LOST:

@@ -25,7 +25,7 @@ from proto.commands import Launch
 from proto.events import EventBase, Severity, WorkerExited
 from proto.job import shm_staging_name
 from proto.progress import Progress
-from ringmaster.rundir import JOB_ENV, JobDir
+from ringmaster.rundir import JOB_ENV, JobDir, compile_cache
 
 log = structlog.get_logger()
 EventSink = Callable[[EventBase], Awaitable[None]]
@@ -88,6 +88,7 @@ class Supervisor:
         argv = _argv(cmd.argv)
         for spec in cmd.ranks:
             env = {
+                "RINGMASTER_COMPILE_CACHE": str(compile_cache(self.run_dir)),
                 **os.environ,
                 **cmd.env,
                 "RANK": str(spec.rank),

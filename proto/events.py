@@ -137,6 +137,9 @@ class ClockResynced(EventBase, tag="clock.resynced"):
     offset_before_ms: float = 0.0
     offset_after_ms: float = 0.0
     ok: bool = True
+    # False: no offset source answered after the step, so offset_after_ms (0) is no
+    # measurement and no evidence against the node
+    offset_measured: bool = True
 
 
 class SpotNotice(EventBase, tag="spot.notice"):

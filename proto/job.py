@@ -42,8 +42,16 @@ class TrainSection(Config):
     model: str = "tiny"
     steps: Positive = 200
     precision: Literal["fp8", "bf16", "fp32"] = "fp8"
-    # float8 scaling (precision = "fp8" only): one scale per tensor, or one per row.
-    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    # float8 scaling (precision = "fp8" only): "auto" picks, per block linear, tensorwise
+    # (one scale per tensor), rowwise (one per row) or high precision, by what pays for its
+    # shape; "tensorwise" or "rowwise" use that scaling for every block linear.
+    fp8_recipe: Literal["auto", "tensorwise", "rowwise"] = "auto"
+    # torch.compile each transformer block, with a node-local cache of the compiled code;
+    # unset: on with CUDA, off on CPU.
+    compile: bool | None = None
+    # Recompute each block in backward instead of keeping its activations; unset: on with
+    # CUDA for models of a billion parameters and more.
+    activation_checkpointing: bool | None = None
     micro_batch_size: Positive = 4
     # On CUDA: start at micro_batch_size and halve until a step fits in free GPU memory.
     auto_micro_batch: bool = False
@@ -77,11 +85,18 @@ class PolicySection(Config):
     heartbeat_missed: Positive = 3
 
 
+class AlertsSection(Config):
+    # Slack-compatible incoming webhook for this job's critical events and its end, in
+    # addition to the coordinator's own (coordinator/alerts.py). Empty: none.
+    webhook_url: Annotated[str, msgspec.Meta(pattern=r"^(https?://\S+)?$")] = ""
+
+
 class JobSpec(Config):
     job: JobSection
     train: TrainSection = msgspec.field(default_factory=TrainSection)
     checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
     policy: PolicySection = msgspec.field(default_factory=PolicySection)
+    alerts: AlertsSection = msgspec.field(default_factory=AlertsSection)
 
 
 class JobState(enum.StrEnum):
@@ -139,6 +154,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     loss: float | None = None
     tokens_per_s: float | None = None  # rank 0's newest step, all ranks together
     mfu: float | None = None  # model FLOPs utilisation, a fraction; None: peak unknown
+    # seconds rank 0's latest start spent compiling (or loading compiled code from the
+    # node's cache) before its first step; counted in the startup or recovery bucket
+    compile_s: float | None = None
     reason: str = ""
     # keys (proto.conditions.condition_key) of the conditions holding the job paused
     pause_reasons: list[str] = msgspec.field(default_factory=list)

@@ -17,8 +17,17 @@ class ProgressBase(msgspec.Struct, tag_field="type", kw_only=True):
 class StepDone(ProgressBase, tag="step"):
     loss: float = 0.0
     step_time_s: float = 0.0
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # the whole job's, this step
     target_steps: int = 0
+    # Model FLOPs (forward + backward, 6N + attention) per token; None from older ranks.
+    model_flops_per_token: float | None = None
+    # Model FLOPs utilisation this step (a fraction of the devices' peak dense BF16 rate
+    # times the world size); None where the device's peak is unknown (CPU).
+    mfu: float | None = None
+    # Set once per rank-0 process, on its second step: how much longer its first step took
+    # than the second (compiling, or loading the compiled code from the node's cache).
+    # None when the blocks are not compiled, and on every other StepDone.
+    compile_s: float | None = None
 
 
 class Paused(ProgressBase, tag="paused"):

@@ -38,6 +38,13 @@ def epoch_file(run_dir: Path) -> Path:
     return run_dir / "epoch"
 
 
+def compile_cache(run_dir: Path) -> Path:
+    """Compiled code of every job's ranks on this node (the trainer's
+    ``RINGMASTER_COMPILE_CACHE``): it outlives ranks, so a restarted rank loads what its
+    predecessor compiled instead of compiling again."""
+    return run_dir / "compile-cache"
+
+
 @dataclass(frozen=True)
 class JobDir:
     """One job's directory under a run directory, and the files the agent keeps in it."""

@@ -2,13 +2,13 @@
 thread serialises it and makes it durable.
 
 Snapshot (the only part the training loop waits for): each rank copies its model and
-optimizer tensors into host buffers (:class:`HostBuffers`) that are allocated on the first
-checkpoint and reused by every later one (on CUDA: pinned memory, non-blocking copies, one
-synchronize per device), and captures its step and RNG (the data position is a pure
-function of the step). The result is a dict of file name -> object to ``torch.save``: a
-private copy the next optimizer step cannot touch. An engine that must write files itself
-may also write them into the rank's staging dir (``/dev/shm`` by default) during the
-snapshot; nothing else is written there.
+optimizer tensors into host buffers (:class:`trainer.host_buffers.HostBuffers`, or DCP's
+stager) that are allocated in the background early in the run and reused by every
+checkpoint (on CUDA: pinned memory, non-blocking copies, one synchronize per device), and
+captures its step and RNG (the data position is a pure function of the step). The result
+is a dict of file name -> object to ``torch.save``: a private copy the next optimizer step
+cannot touch. An engine that must write files itself may also write them into the rank's
+staging dir (``/dev/shm`` by default) during the snapshot; nothing else is written there.
 
 Persist, in one background thread per rank: serialise each snapshot object straight into
 ``<dir>/step-<N>/`` and copy any staged files there (hashed while writing, fsynced), or
@@ -29,7 +29,6 @@ different steps.
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import re
 import shutil
@@ -45,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import durable
+from trainer.host_buffers import HostBuffers as HostBuffers  # re-exported for the benches
 
 OnDurable = Callable[[int, Path, float], None]
 
@@ -72,77 +72,6 @@ def default_staging_dir(job_id: str, workdir: Path) -> Path:
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm / f"ringmaster-{safe}"
     return workdir / ".staging"
-
-
-class HostBuffers:
-    """Host copies of nested state (dicts, lists and tuples of tensors and plain values),
-    in buffers allocated once and reused by every later copy of the same shapes.
-
-    Only copy while nothing reads the previous copy: :meth:`Checkpointer.save` takes a
-    snapshot only once the previous persist has finished.
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
-
-    def copy(self, state: Any, name: str) -> Any:
-        """A copy of ``state`` (named ``name``: its buffers are kept apart from other
-        names') whose tensors are this object's CPU buffers; containers are rebuilt and other
-        values deep-copied. Views of the same memory stay shared (tied weights), tensor
-        subclasses and non-strided tensors are cloned instead. Returns once every copy has
-        landed (CUDA: pinned buffers, non-blocking copies, then one synchronize per device)."""
-        seen: set[tuple[Any, ...]] = set()
-        aliases: dict[tuple[Any, ...], torch.Tensor] = {}
-        devices: set[torch.device] = set()
-
-        def walk(item: Any, path: tuple[Any, ...]) -> Any:
-            if isinstance(item, torch.Tensor):
-                return tensor(item.detach(), path)
-            if isinstance(item, dict):
-                out = copy.copy(item)  # keeps the type and attributes (state_dict's _metadata)
-                for key, value in item.items():
-                    out[key] = walk(value, (*path, key))
-                return out
-            if type(item) is list:
-                return [walk(value, (*path, i)) for i, value in enumerate(item)]
-            if type(item) is tuple:
-                return tuple(walk(value, (*path, i)) for i, value in enumerate(item))
-            return copy.deepcopy(item)
-
-        def tensor(t: torch.Tensor, path: tuple[Any, ...]) -> torch.Tensor:
-            if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_quantized:
-                return copy.deepcopy(t)  # rare: no preallocated buffer, but still a copy
-            storage = (t.untyped_storage().data_ptr(), t.storage_offset())
-            alias = (t.device, t.dtype, *storage, tuple(t.shape), t.stride())
-            if t.numel() and alias in aliases:
-                return aliases[alias]
-            buf = self._buffers.get(path)
-            pin = t.is_cuda
-            if (
-                buf is None
-                or buf.shape != t.shape
-                or buf.dtype != t.dtype
-                or buf.is_pinned() != pin
-            ):
-                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-                self._buffers[path] = buf
-            seen.add(path)
-            buf.copy_(t, non_blocking=pin)
-            if pin:
-                devices.add(t.device)
-            aliases[alias] = buf
-            return buf
-
-        copied = walk(state, (name,))
-        for device in devices:
-            torch.cuda.synchronize(device)
-        for path in [p for p in self._buffers if p[0] == name and p not in seen]:
-            del self._buffers[path]  # state that disappeared: free its buffer
-        return copied
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
 
 
 @dataclass

@@ -22,11 +22,21 @@ Three things go wrong without this module:
   job's group; on GPU that group is NCCL, which cannot carry a CPU-side save. Saves and
   loads run on the separate gloo group :class:`trainer.checkpoint.Coordination` holds.
 * ``async_save`` without a stager builds a new one, so new host buffers, every time.
+
+The stager keeps one host copy per source tensor storage, created the first time it
+stages that storage. :meth:`DcpState.prepare` has it create them in a background thread
+early in the run (after the first optimizer step: torch's AdamW creates its moments
+there), so the first checkpoint finds them as later ones do. That goes through the
+stager's ``_stage_untyped_storage`` (private; torch 2.13): with a torch lacking it, the
+first checkpoint allocates them, as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -159,18 +169,57 @@ class DcpState:
                 use_non_blocking_copy=cuda,
             )
         )
+        self._preparing: threading.Thread | None = None
 
     def _state(self) -> dict[str, Any]:
         model, optimizer = get_state_dict(self.module, self.optimizer)
         return {"model": model, "optimizer": optimizer}
 
-    def snapshot(self, target: Path) -> dict[str, Any]:
-        """Stage the state and start writing it to ``target/dcp``; the checkpointer hashes
-        this rank's files once they are written."""
+    def _saved_state(self) -> dict[str, Any]:
         state = self._state()
         if self.replicated:
             state = replicated_share(state, self.rank, self.world_size)
-        future = async_save(state, target / DCP_DIR, self.group, self.stager)
+        return state
+
+    def prepare(self) -> None:
+        """Start creating the stager's host copy of every storage a snapshot stages, in a
+        background thread (on CUDA from a side stream, so the copies it makes on the way
+        overlap training instead of queueing behind it). Their contents do not matter:
+        each snapshot copies over them."""
+        stager = getattr(self.stager, "_state_dict_stager", None)
+        stage = getattr(stager, "_stage_untyped_storage", None)
+        if stage is None:
+            return
+        storages = list(_storages(plain_state(self._saved_state())))
+        gpus = [s.device for s in storages if s.device.type == "cuda"]
+        stream = torch.cuda.Stream(device=gpus[0]) if gpus else None  # entering it sets the device
+
+        def allocate() -> None:
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                for storage in storages:
+                    stage(storage, non_blocking=False)
+
+        self.wait_prepared()
+        self._preparing = threading.Thread(target=allocate, name="dcp-buffers", daemon=True)
+        self._preparing.start()
+
+    def wait_prepared(self) -> None:
+        if self._preparing is not None:
+            self._preparing.join()
+            self._preparing = None
+
+    @property
+    def host_bytes(self) -> int | None:
+        """Bytes of the host copies the stager holds (None with a torch that hides them)."""
+        stager = getattr(self.stager, "_state_dict_stager", None)
+        cached = getattr(stager, "_cached_storage_mapping", None)
+        return None if cached is None else sum(s.nbytes() for s in cached.values())
+
+    def snapshot(self, target: Path) -> dict[str, Any]:
+        """Stage the state and start writing it to ``target/dcp``; the checkpointer hashes
+        this rank's files once they are written."""
+        self.wait_prepared()
+        future = async_save(self._saved_state(), target / DCP_DIR, self.group, self.stager)
 
         def written() -> list[str]:
             metadata = future.result()
@@ -203,6 +252,7 @@ class DcpState:
         )
 
     def close(self) -> None:
+        self.wait_prepared()
         self.stager.close()
 
 
@@ -216,6 +266,9 @@ class DcpCheckpoints:
     def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
         return self.state.snapshot(target)
 
+    def prepare_snapshot(self) -> None:
+        self.state.prepare()
+
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         files = self.state.files_for(manifest)
         return files if manifest.engine == self.name and files else None
@@ -225,3 +278,23 @@ class DcpCheckpoints:
 
     def close(self) -> None:
         self.state.close()
+
+
+def _storages(state: Any) -> Iterator[torch.UntypedStorage]:
+    """Each distinct storage behind the tensors of ``state`` (a DTensor's: its local
+    shard's), as the stager sees them."""
+    seen: set[int] = set()
+    stack = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, DTensor):
+            stack.append(item.to_local())
+        elif isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if item.data_ptr() and id(storage) not in seen:
+                seen.add(id(storage))
+                yield storage
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)

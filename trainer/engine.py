@@ -43,6 +43,13 @@ class Engine(Protocol):
         files into ``staging`` (the rank's empty staging dir) instead."""
         ...
 
+    def prepare_snapshot(self) -> None:
+        """Start allocating the host buffers :meth:`snapshot` copies into, in the
+        background (the first snapshot waits for that if still needed). Called on every
+        rank at the same point, after the first optimizer step of the process, when the
+        optimizer state exists; may take collectives."""
+        ...
+
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         """The files of a checkpoint this rank verifies and loads; None if it cannot use
         that checkpoint (another engine, or a layout this world size cannot load)."""

@@ -12,15 +12,24 @@ loop does not wait for serialisation; the few plain files it copies itself (the
 the ranks' files into one step dir, exactly the directory ``load_checkpoint`` expects. The
 durable dir must be shared by the job's nodes, as ranks load files other ranks wrote.
 
+The host buffers are allocated ahead of the first checkpoint
+(:meth:`DeepSpeedEngine.prepare_snapshot`): a dry run of ``save_checkpoint`` into a scratch
+dir records, without copying, exactly the state dicts a checkpoint hands over, and a
+background thread allocates (pins, on CUDA) their buffers.
+
 On CPU, two settings avoid minutes of JIT compilation on first use: ``torch_adam`` (plain
 torch AdamW instead of the fused C++ one) and disabling the ``deepspeed_shm_comm`` op.
-fp8 converts the model with torchao before ``deepspeed.initialize``; bf16 is DeepSpeed's
-own (bf16 weights, fp32 master copy), so no autocast here.
+fp8 converts the model with torchao before ``deepspeed.initialize``. bf16 is DeepSpeed's
+own (bf16 weights, fp32 master copy), so no autocast here; fp8 on CUDA uses it too, so
+everything around the float8 linears runs in BF16 as with bf16 (on CPU fp8 stays fp32
+around them, see :mod:`trainer.precision`).
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,40 +38,41 @@ from torch import nn
 
 from proto.job import TrainSection
 from trainer import durable
-from trainer.checkpoint import HostBuffers
+from trainer.host_buffers import HostBuffers
 from trainer.model import lm_loss
 from trainer.precision import Precision
 
 TAG = "ds"  # the one checkpoint tag inside every step dir
 
 
-def ds_config(train: TrainSection, precision: Precision) -> dict[str, Any]:
+def ds_config(train: TrainSection, precision: Precision, device: torch.device) -> dict[str, Any]:
+    bf16 = precision == "bf16" or (precision == "fp8" and device.type == "cuda")
     return {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": train.grad_clip,
         "optimizer": {"type": "AdamW", "params": {"lr": train.lr, "torch_adam": True}},
         "zero_optimization": {"stage": train.zero_stage},
-        "bf16": {"enabled": precision == "bf16"},
+        "bf16": {"enabled": bf16},
         "steps_per_print": 2**31 - 1,  # progress is ours to report
     }
 
 
 class _SnapshotEngine:
     """Stands in for DeepSpeed's checkpoint engine during one ``save_checkpoint``: each
-    ``save(state_dict, path)`` copies the state into host buffers and records it under
-    ``path`` relative to ``root``; everything else (makedirs, create, commit, load) is the
-    real engine's."""
+    ``save(state_dict, path)`` records ``keep(state_dict, name)`` (a host copy, or the live
+    state itself in a dry run) under its ``name``, the path relative to ``root``;
+    everything else (makedirs, create, commit, load) is the real engine's."""
 
-    def __init__(self, inner: Any, buffers: HostBuffers, root: Path) -> None:
+    def __init__(self, inner: Any, keep: Callable[[Any, str], Any], root: Path) -> None:
         self.inner = inner
-        self.buffers = buffers
+        self.keep = keep
         self.root = root
         self.objects: dict[str, Any] = {}
 
     def save(self, state_dict: Any, path: str) -> None:
         name = Path(path).relative_to(self.root).as_posix()
-        self.objects[name] = self.buffers.copy(state_dict, name)
+        self.objects[name] = self.keep(state_dict, name)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -91,7 +101,7 @@ class DeepSpeedEngine:
         self.ds, *_ = deepspeed.initialize(
             model=module.to(device),
             model_parameters=module.parameters(),
-            config=ds_config(train, precision),
+            config=ds_config(train, precision, device),
         )
         self.buffers = HostBuffers()
 
@@ -102,14 +112,26 @@ class DeepSpeedEngine:
         return loss.detach()
 
     def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
-        real = self.ds.checkpoint_engine
-        if real.is_decoupled():  # writes on its own schedule: let it write the files
+        if self.ds.checkpoint_engine.is_decoupled():  # writes on its own schedule
             self.ds.save_checkpoint(str(staging), tag=TAG, save_latest=False)
             return {}
-        capture = _SnapshotEngine(real, self.buffers, staging)
+        return self._capture(staging, self.buffers.copy)
+
+    def prepare_snapshot(self) -> None:
+        if self.ds.checkpoint_engine.is_decoupled():
+            return  # its own buffers, if any
+        with tempfile.TemporaryDirectory(prefix="ringmaster-ds-dry-run-") as scratch:
+            states = self._capture(Path(scratch), lambda state, name: state)
+        self.buffers.reserve(states)
+
+    def _capture(self, directory: Path, keep: Callable[[Any, str], Any]) -> dict[str, Any]:
+        """Run ``save_checkpoint`` into ``directory`` with every state dict it saves
+        passed through ``keep`` instead of written; returns them by file name."""
+        real = self.ds.checkpoint_engine
+        capture = _SnapshotEngine(real, keep, directory)
         self.ds.checkpoint_engine = capture
         try:
-            self.ds.save_checkpoint(str(staging), tag=TAG, save_latest=False)
+            self.ds.save_checkpoint(str(directory), tag=TAG, save_latest=False)
         finally:
             self.ds.checkpoint_engine = real
         return capture.objects
@@ -127,4 +149,5 @@ class DeepSpeedEngine:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {step_dir}")
 
     def close(self) -> None:
+        self.buffers.wait()
         self.buffers = HostBuffers()  # drop the host copies of the last checkpoint

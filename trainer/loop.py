@@ -4,6 +4,11 @@
 checkpoint's step to the same ``train.steps``, and the data for each step is a pure
 function of it (:mod:`trainer.data`), so a resumed run trains on exactly the samples an
 uninterrupted one would.
+
+After the first step of the process, when every engine's optimizer state exists, the
+engine starts allocating the next checkpoint's host buffers in the background
+(:meth:`trainer.engine.Engine.prepare_snapshot`), so the first checkpoint stalls no longer
+than later ones.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from proto.progress import Checkpointed, Paused, Progress, Resumed, StepDone
 from trainer import durable
 from trainer.agent_link import AgentLink
 from trainer.checkpoint import Checkpointer, find_resumable, load_file
+from trainer.compile import CompileClock
 from trainer.control import PAUSE_POLL_S, Action, Decision, StepControl
 from trainer.data import Batches
 from trainer.engine import Engine
+from trainer.flops import Mfu
 from trainer.log import Log
 
 Outcome = Literal["completed", "stopped"]
@@ -57,6 +64,9 @@ class Trainer:
         link: AgentLink | None,
         log: Log,
         hooks: Hooks,
+        *,
+        mfu: Mfu,
+        compiled: bool,
     ) -> None:
         self.spec = spec
         self.engine = engine
@@ -72,6 +82,9 @@ class Trainer:
         self.tokens_per_step = (
             spec.train.micro_batch_size * spec.train.seq_len * batches.layout.world_size
         )
+        self.mfu = mfu
+        self.compile_clock = CompileClock(compiled)
+        self.steps_run = 0  # by this process
         checkpointer.on_durable = self._durable
 
     def resume(self) -> None:
@@ -174,9 +187,24 @@ class Trainer:
         if self.hooks.trace_dir is not None:
             self._trace(loss)
         self.step += 1
+        self.steps_run += 1
+        if self.steps_run == 1:
+            self.engine.prepare_snapshot()
         tokens_per_s = self.tokens_per_step / elapsed
+        mfu = self.mfu.of(tokens_per_s)
+        compile_s = self.compile_clock.record(elapsed)
+        if compile_s is not None:
+            self.log("compiled", step=self.step, compile_s=compile_s)
         if self.step % self.spec.train.log_every == 0 or self.step == self.target:
-            self.log("step", step=self.step, loss=loss, step_s=elapsed, tok_s=round(tokens_per_s))
+            extra = {} if mfu is None else {"mfu": round(mfu, 4)}
+            self.log(
+                "step",
+                step=self.step,
+                loss=loss,
+                step_s=elapsed,
+                tok_s=round(tokens_per_s),
+                **extra,
+            )
         self._send(
             StepDone(
                 step=self.step,
@@ -184,6 +212,9 @@ class Trainer:
                 step_time_s=elapsed,
                 tokens_per_s=tokens_per_s,
                 target_steps=self.target,
+                model_flops_per_token=self.mfu.flops_per_token,
+                mfu=mfu,
+                compile_s=compile_s,
             )
         )
         return decision

@@ -1,8 +1,15 @@
 """A GPT-style decoder: the smallest honest stand-in for the models Ringmaster trains.
 
-Pre-norm blocks with causal self-attention (``scaled_dot_product_attention``, so GPUs get
-flash attention) and a 4x GELU MLP. Every matmul inside a block is an ``nn.Linear`` so the
-float8 conversion in :mod:`trainer.precision` can target exactly those.
+Pre-norm blocks with causal self-attention (``scaled_dot_product_attention`` with
+``is_causal=True``, so GPUs get fused flash attention and no t x t matrix is stored) and a
+4x GELU MLP. Every matmul inside a block is an ``nn.Linear`` so the float8 conversion in
+:mod:`trainer.precision` can target exactly those.
+
+Activation checkpointing is per block and inside the block's own ``forward``
+(``torch.utils.checkpoint``, non-reentrant): only each block's input is kept for backward
+and the block is recomputed there. Inside ``forward`` rather than a wrapper module, so
+parameter names (and so checkpoints) are the same either way, and a compiled block
+(:mod:`trainer.compile`) compiles the checkpointed region as one graph.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from trainer.presets import ModelConfig
 
@@ -41,25 +49,35 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, checkpointed: bool = False) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
+        self.checkpointed = checkpointed  # recompute in backward, not keep activations
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed and torch.is_grad_enabled():
+            out: torch.Tensor = checkpoint(self._forward, x, use_reentrant=False)
+            return out
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.activation_checkpointing = activation_checkpointing
+        self.blocks = nn.ModuleList(
+            Block(cfg, activation_checkpointing) for _ in range(cfg.n_layers)
+        )
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied, as in GPT-2

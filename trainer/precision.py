@@ -1,16 +1,13 @@
 """Numeric precision of the training step: fp32, bf16 autocast, or float8 via torchao.
 
-float8 goes only into the linears inside transformer blocks. Embeddings, the (tied) LM head
-and LayerNorms keep full precision: they are a small share of the FLOPs and the most
-sensitive to quantisation. torchao's ``emulate=True`` runs the float8 casts with the real
-scaling recipe but does the matmul in high precision, which is how float8 training is
-exercised on CPU (torchao 0.18 + torch 2.13 checked: it trains, and the forward differs
-from fp32 by the quantisation error, as it should).
-
-The scaling recipe is the job's ``train.fp8_recipe``: ``tensorwise`` (one scale per tensor,
-the fastest) or ``rowwise`` (one scale per row, more accurate with outliers). Both run
-emulated on CPU (checked with torchao 0.18 + torch 2.13: they train, and the forwards differ
-from fp32 by a small amount), so neither is refused there.
+float8 goes only into the linears inside transformer blocks, each with the scaling
+:mod:`trainer.fp8_auto` chooses for the job's ``train.fp8_recipe``: ``auto`` (the default:
+tensorwise or rowwise where float8 pays for that shape, high precision where it does
+not), or ``tensorwise`` (one scale per tensor, the fastest) / ``rowwise`` (one scale per
+row, more accurate with outliers) for every block linear. torchao's ``emulate=True`` runs
+the float8 casts with the real scaling recipe but does the matmul in high precision, which
+is how float8 training is exercised on CPU (torchao 0.18 + torch 2.13 checked: both
+recipes train, and the forwards differ from fp32 by the quantisation error, as they should).
 """
 
 from __future__ import annotations
@@ -24,39 +21,42 @@ from typing import Literal
 import torch
 from torch import nn
 
+from trainer.fp8_auto import Fp8Recipe, plan
+
 Precision = Literal["fp8", "bf16", "fp32"]
-Fp8Recipe = Literal["tensorwise", "rowwise"]
-
-
-def _in_block_linear(module: nn.Module, fqn: str) -> bool:
-    """torchao's module filter: only ``blocks.<i>.…`` linears with float8-friendly shapes."""
-    if not (isinstance(module, nn.Linear) and fqn.startswith("blocks.")):
-        return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
 def apply_precision(
     model: nn.Module,
     precision: Precision,
     device: torch.device,
-    recipe: Fp8Recipe = "tensorwise",
+    recipe: Fp8Recipe = "auto",
     fsdp: bool = False,
+    emulate: bool | None = None,
 ) -> nn.Module:
-    """Convert ``model`` in place for ``precision`` (only fp8 changes modules, scaled by
-    ``recipe``) and return it. ``fsdp``: the model will be sharded with FSDP2, so weights
-    are all-gathered in float8 where the recipe allows it (tensorwise)."""
-    if precision == "fp8":
-        # Imported here: torchao takes seconds to import and only fp8 needs it.
+    """Convert ``model`` in place for ``precision`` (only fp8 changes modules: the block
+    linears :func:`trainer.fp8_auto.plan` picks for ``recipe``) and return it. ``fsdp``:
+    the model will be sharded with FSDP2, so tensorwise weights are all-gathered in float8.
+    ``emulate``: float8 matmuls in high precision (default: off CUDA, where there is no
+    float8 matmul)."""
+    if precision != "fp8":
+        return model
+    choices = plan(model, recipe)
+    for scaling in ("tensorwise", "rowwise"):
+        chosen = {fqn for fqn, choice in choices.items() if choice.scaling == scaling}
+        if not chosen:
+            continue
+        # Imported here: torchao takes seconds to import and only float8 linears need it.
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        config = Float8LinearConfig.from_recipe_name(recipe)
-        # Off CUDA there is no float8 matmul to use: emulate it (real casts and scales).
         config = dataclasses.replace(
-            config,
-            emulate=device.type != "cuda",
-            enable_fsdp_float8_all_gather=fsdp and recipe == "tensorwise",
+            Float8LinearConfig.from_recipe_name(scaling),
+            emulate=device.type != "cuda" if emulate is None else emulate,
+            enable_fsdp_float8_all_gather=fsdp and scaling == "tensorwise",
         )
-        convert_to_float8_training(model, config=config, module_filter_fn=_in_block_linear)
+        convert_to_float8_training(
+            model, config=config, module_filter_fn=lambda m, fqn, chosen=chosen: fqn in chosen
+        )
     return model
 
 

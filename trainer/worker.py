@@ -12,9 +12,11 @@ persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_P
 (a path: each persist waits for that file to exist before it serialises anything),
 ``RINGMASTER_TEST_TRACE``
 (a directory for per-rank step traces with sample ids), ``RINGMASTER_BENCH_NO_CONTROL=1``
-(no step-boundary control word, to measure its cost) and
+(no step-boundary control word, to measure its cost),
 ``RINGMASTER_BENCH_DDP_STAGE_ALL=1`` (every DDP rank stages the whole state, the baseline
-its share is measured against).
+its share is measured against) and ``RINGMASTER_TEST_COMPILE_BACKEND`` (a cheaper
+torch.compile backend, ``aot_eager``, for CPU tests of ``train.compile``). The node's
+compile cache is ``RINGMASTER_COMPILE_CACHE`` (see :mod:`trainer.compile`).
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ from proto.progress import Finished
 from trainer import termination
 from trainer.agent_link import AgentLink
 from trainer.batch_size import choose_micro_batch, forward_backward
+from trainer.build import build_model, compile_model
 from trainer.checkpoint import Checkpointer, Coordination, default_staging_dir
 from trainer.control import StepControl
 from trainer.data import SYNTHETIC, Batches, Layout
 from trainer.engine import DDPEngine, Engine
+from trainer.flops import Mfu, device_peak, model_flops_per_token
 from trainer.launch import Launch, SpecError, read_launch, torch_threads
 from trainer.log import Log
 from trainer.loop import Hooks, Outcome, ResumeError, Trainer
-from trainer.model import GPT, count_params
-from trainer.precision import apply_precision, count_float8_linears
+from trainer.model import count_params
+from trainer.precision import count_float8_linears
 from trainer.presets import ModelConfig, get_preset
 
 # Explicit, and long: a rank legitimately waits in a collective while a peer stages a
@@ -137,8 +141,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
     checkpointer: Checkpointer | None = None
     try:
         torch.manual_seed(train.seed)  # identical initial weights on every rank
-        fsdp = train.engine == "fsdp"
-        model = apply_precision(GPT(cfg), train.precision, device, train.fp8_recipe, fsdp)
+        model = build_model(train, cfg, device, log)
         params = count_params(model)  # before ZeRO-3 partitions the parameters away
         if train.auto_micro_batch:  # before the engine: ZeRO-3 cannot run the bare model
             attempt = forward_backward(
@@ -149,6 +152,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
                 launch = _with_micro_batch(launch, size)
                 train = launch.spec.train
                 batches = _batches(launch, cfg)
+        compiled = compile_model(model, train, device, os.environ, log)  # after the probe
         engine = _engine(launch, model, device, coord, hooks)
         log(
             "model",
@@ -158,6 +162,8 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             precision=train.precision,
             fp8_recipe=train.fp8_recipe,
             float8_linears=count_float8_linears(model),
+            compiled=compiled,
+            activation_checkpointing=model.activation_checkpointing,
             world=launch.world_size,
             threads=torch.get_num_threads(),
         )
@@ -174,7 +180,19 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
         )
         termination.on_sigterm(checkpointer.discard_staging)
         control = StepControl(launch.rank, device, link, enabled=hooks.control_word)
-        trainer = Trainer(launch.spec, engine, batches, checkpointer, control, link, log, hooks)
+        mfu = Mfu(model_flops_per_token(cfg, train.seq_len), device_peak(device), launch.world_size)
+        trainer = Trainer(
+            launch.spec,
+            engine,
+            batches,
+            checkpointer,
+            control,
+            link,
+            log,
+            hooks,
+            mfu=mfu,
+            compiled=compiled,
+        )
         trainer.resume()
         outcome = trainer.run()
         checkpointer.close()

@@ -264,6 +264,7 @@ class ClockCollector:
             severity=Severity.INFO if ok else Severity.WARNING,
             offset_before_ms=before or 0.0,
             offset_after_ms=after or 0.0,
+            offset_measured=after is not None,
             ok=ok,
             message=f"clock resync {'done' if ok else 'failed'}: {was} → {text}"
             + (f" ({why})" if why else ""),

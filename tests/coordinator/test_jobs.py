@@ -5,6 +5,8 @@ commands the agents accepted and the events published."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from coordinator import jobs as jobs_module
@@ -63,7 +65,7 @@ class Cluster:
             gpus=1,
             conditions=[*conditions],
         )
-        self.registry.observe(beat, now=0.0)
+        self.registry.observe(beat, now=time.monotonic())
 
     def leader(self, me: str = "c-0", epoch: int = 1) -> JobManager:
         async def publish(event: EventBase) -> None:
@@ -192,6 +194,12 @@ async def test_starting_to_running_on_the_first_step() -> None:
     stored = await c.stored(job.id)
     assert stored.state is JobState.RUNNING and stored.step == 1 and stored.loss == 5.0
     assert stored.tokens_per_s == 1000.0 and stored.first_step_at is not None
+    assert stored.mfu is None and stored.compile_s is None  # CPU, not compiled
+    await m.on_progress(StepDone(job=job.id, step=2, loss=4.9, mfu=0.47, compile_s=31.5))
+    await m.on_progress(StepDone(job=job.id, step=3, loss=4.8, mfu=0.48))
+    await m.flush()
+    stored = await c.stored(job.id)
+    assert (stored.mfu, stored.compile_s) == (0.48, 31.5)  # compile time is kept
 
 
 async def test_running_paused_and_resumed_by_the_operator() -> None:
@@ -438,3 +446,18 @@ async def test_a_leader_change_mid_transition_leaves_the_successor_state() -> No
     assert "job.recovering" not in c.kinds()
     assert old.jobs[job.id].step == 2  # the loser now holds what the store holds
     assert encode(old.jobs[job.id]) == encode(stored)
+
+
+async def test_a_dead_machine_costs_one_restart() -> None:
+    """node-1 dies with its rank: the peer's exit restarts the job without node-1 (its
+    agent is already silent), and the node.lost that follows is no second restart."""
+    c = Cluster()
+    m = c.leader()
+    job = await running(c, m)
+    c.registry.nodes["node-1"].last_seen = time.monotonic() - 2.0  # two beats missed
+    await m.on_event(exited(job, 0, 1, node="node-0"))
+    assert job.state is JobState.RECOVERING and job.excluded == ["node-1"]
+    await m.start_pending(job)
+    assert job.nodes == ["node-0", "node-2"] and job.state is JobState.STARTING
+    await m.on_event(NodeLost(node="node-1"))
+    assert job.restarts == 1 and job.state is JobState.STARTING

@@ -231,7 +231,17 @@ def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
     failed = ClockResynced(node="node-1", ok=False, offset_after_ms=9.5)
     actions = policy.decide(job(), failed)
     assert [type(a) for a in actions] == [policy.DrainNode, policy.RestartJob]
+    assert actions[0].reason == "clock on node-1 still +9.5 ms off (limit 5 ms) after a resync"  # type: ignore[union-attr]
     assert policy.decide(job(), ClockResynced(node="node-1", ok=True)) == []
+
+
+def test_a_failed_resync_without_evidence_kills_nothing() -> None:
+    """Seen on a real node without chrony: the kernel says unsynchronised, the measured
+    offset is -0.02 ms, the resync fails because chronyc is missing. No drain."""
+    no_tool = ClockResynced(node="node-1", ok=False, offset_after_ms=-0.02)
+    assert policy.decide(job(), no_tool) == []
+    unmeasured = ClockResynced(node="node-1", ok=False, offset_measured=False)
+    assert policy.decide(job(), unmeasured) == []
 
 
 def test_a_crash_during_teardown_after_the_end_is_not_a_restart() -> None:
@@ -240,3 +250,14 @@ def test_a_crash_during_teardown_after_the_end_is_not_a_restart() -> None:
     assert policy.decide(finished, crash) == [
         policy.FinishJob(JobState.COMPLETED, "reached step 100")
     ]
+
+
+def test_a_peers_exit_restarts_without_the_silent_node() -> None:
+    """A machine dies: its peer's rank exits first (code 1), seconds before the machine's
+    heartbeats are declared lost. The one restart leaves the silent node out."""
+    peer_exit = WorkerExited(node="node-0", job="t-1", rank=0, exit_code=1, attempt=1)
+    [action] = policy.decide(job(), peer_exit, silent=frozenset({"node-1", "node-9"}))
+    assert isinstance(action, policy.RestartJob) and action.exclude == ("node-1",)
+    assert action.reason.endswith("; node-1 silent, left out")
+    [action] = policy.decide(job(), peer_exit)
+    assert action == policy.RestartJob(f"rank 0 on node-0 failed ({peer_exit.message})", ())

@@ -136,3 +136,12 @@ def test_silence_while_the_bus_is_out_is_not_node_loss() -> None:
     reg.bus_alive(23.0)
     [lost] = reg.sweep(now=23.1)  # node-1 stayed silent with the bus up: that is evidence
     assert lost.id == "node-1"
+
+
+def test_silent_nodes_are_those_quiet_for_one_and_a_half_beats() -> None:
+    reg = Registry()
+    for node, at in (("node-0", 10.0), ("node-1", 8.4), ("node-2", 8.6)):
+        reg.observe(Heartbeat(node=node, seq=1, sent_at=at, interval_s=1.0), now=at)
+    assert reg.silent(["node-0", "node-1", "node-2", "node-7"], now=10.0) == {"node-1", "node-7"}
+    reg.bus_alive(0.0)
+    assert reg.silent(["node-1"], now=10.0) == frozenset()  # the bus is out: no evidence

@@ -15,7 +15,7 @@ from proto.events import EventBase, WorkerExited
 from proto.job import JobSection, JobSpec
 from proto.progress import Progress, StepDone
 from ringmaster.procs import pid_alive, read_pid, wait_until_async
-from ringmaster.rundir import JobDir, LiveRank, live_ranks
+from ringmaster.rundir import JobDir, LiveRank, compile_cache, live_ranks
 
 pytestmark = pytest.mark.anyio
 
@@ -80,6 +80,10 @@ class Sink:
         self.progress.append(p)
 
 
+def environment_of(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
 @pytest.fixture
 def sink() -> Sink:
     return Sink()
@@ -124,6 +128,9 @@ async def test_ranks_get_the_run_dir_layout_and_the_rank_marker(
     assert job.spec.exists() and job.rank_log(0).exists()
     assert [read_pid(job.rank_pid(r)) for r in (0, 1)] == pids
     assert live_ranks(sup.run_dir) == [LiveRank("j1", r, pid) for r, pid in enumerate(pids)]
+    environ = environment_of(pids[1])
+    cache = f"RINGMASTER_COMPILE_CACHE={compile_cache(sup.run_dir)}".encode()
+    assert cache in environ  # the node's compile cache outlives the rank
 
 
 async def test_forced_stop_escalates_to_sigkill_and_kills_the_group(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,15 @@ def staged_file(step: int) -> Stage:
 
 def test_save_seals_manifest_moves_latest_and_prunes(tmp_path: Path) -> None:
     ckpt, reported = make(tmp_path, keep=2)
+    stalls = []
     for step in (10, 20, 30):
-        assert ckpt.save(step, state(step)) >= 0
+        start = time.monotonic()
+        stalls.append(ckpt.save(step, state(step)))
+        # the seconds the caller was blocked: part of the call, and what gets reported
+        assert 0 < stalls[-1] <= time.monotonic() - start
+        assert ckpt.last_stall_s == stalls[-1]
     ckpt.close()
+    assert [r[2] for r in reported] == stalls
     root = tmp_path / "ckpt"
     assert durable.read_latest(root) == "step-30"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-20", "step-30"]
@@ -234,3 +241,35 @@ def test_without_latest_every_sealed_dir_is_a_candidate(tmp_path: Path) -> None:
     ckpt.close()
     (tmp_path / "ckpt" / "latest").unlink()
     assert durable.candidates(tmp_path / "ckpt") == ["step-2", "step-1"]
+
+
+def test_host_buffers_are_reserved_in_the_background_for_the_first_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight = torch.randn(4, 3)
+    live = {
+        "model": {"emb": weight, "head": weight, "bias": torch.ones(3)},  # tied: one buffer
+        "optimizer": {"state": {0: {"exp_avg": torch.zeros(4, 3), "step": torch.tensor(1.0)}}},
+        "lr": 0.1,
+    }
+    release = threading.Event()
+    threads: list[str] = []
+    real = HostBuffers._allocate
+
+    def held(self: HostBuffers, *args: Any) -> torch.Tensor:
+        threads.append(threading.current_thread().name)
+        release.wait(30)
+        return real(self, *args)
+
+    monkeypatch.setattr(HostBuffers, "_allocate", held)
+    buffers = HostBuffers()
+    buffers.reserve({"rank-0.pt": live})  # returns while the allocation is held
+    release.set()
+    buffers.wait()
+    assert buffers.allocations == 4 and set(threads) == {"host-buffers"}
+    assert buffers.nbytes == (12 + 3 + 12 + 1) * 4
+    weight.add_(1.0)  # training goes on after the reservation
+    first = buffers.copy(live, "rank-0.pt")
+    assert buffers.allocations == 4  # the first copy allocated nothing
+    assert torch.equal(first["model"]["emb"], weight) and first["lr"] == 0.1
+    assert first["model"]["emb"] is first["model"]["head"]

@@ -18,22 +18,12 @@ from proto.progress import ControlWord
 from trainer.control import Action, Decision, fold
 from trainer.data import Batches, Layout, sample_ids, synthetic_sample
 from trainer.launch import SpecError, read_launch, torch_threads
-from trainer.model import GPT, count_params
+from trainer.model import GPT
 from trainer.precision import apply_precision, count_float8_linears
 from trainer.presets import PRESETS, get_preset
 from trainer.tokenize import main as tokenize_main
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.parametrize(
-    ("name", "low", "high"),
-    [("tiny", 1e5, 5e6), ("small", 20e6, 30e6), ("125m", 120e6, 130e6), ("1b3", 1e9, 2e9)],
-)
-def test_preset_sizes(name: str, low: float, high: float) -> None:
-    with torch.device("meta"):
-        model = GPT(get_preset(name))
-    assert low <= count_params(model) <= high
 
 
 def test_unknown_preset_names_the_valid_ones() -> None:
@@ -92,7 +82,7 @@ def test_fp8_recipes_convert_block_linears_only_and_forward_differs_slightly() -
 
 def test_fp8_recipe_is_an_optional_checked_key() -> None:
     base = {"job": {"name": "x"}}
-    assert msgspec.convert(base, JobSpec).train.fp8_recipe == "tensorwise"
+    assert msgspec.convert(base, JobSpec).train.fp8_recipe == "auto"
     spec = msgspec.convert({**base, "train": {"fp8_recipe": "rowwise"}}, JobSpec)
     assert spec.train.fp8_recipe == "rowwise"
     with pytest.raises(msgspec.ValidationError, match="fp8_recipe"):
