@@ -17,4 +17,6 @@ COPY trainer trainer
 RUN pip install --no-cache-dir .
 # The agent reads the host's hardware: run with --pid=host, --net=host, -v /sys:/host/sys:ro,
 # -v /proc:/host/proc:ro and --sysfs /host/sys --procfs /host/proc.
+# Prometheus /metrics: the coordinator on 9401, the agent on 9402 (docs/operations.md).
+EXPOSE 9401 9402
 ENTRYPOINT ["nodeagent"]

@@ -8,11 +8,15 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from coordinator.service import Coordinator
 from proto.subjects import check_token
 from ringmaster.bus import DEFAULT_URL
 from ringmaster.log import configure
+from ringmaster.metrics import ANY_PORT
+
+ENV_WEBHOOK = "RINGMASTER_ALERT_WEBHOOK_URL"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,11 +32,32 @@ def main(argv: list[str] | None = None) -> int:
         choices=(1, 3, 5),
         help="JetStream replicas for streams and buckets (3 on a 3-server NATS cluster)",
     )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9401,
+        help="Prometheus /metrics port (default 9401; 0: off; -1: any free port)",
+    )
+    p.add_argument("--metrics-addr", default="0.0.0.0", help="address /metrics listens on")
+    p.add_argument(
+        "--alert-webhook-url-file",
+        type=Path,
+        help="file holding a Slack-compatible webhook URL for critical events and job ends "
+        "(else $RINGMASTER_ALERT_WEBHOOK_URL); a file, so a token in it stays off `ps`",
+    )
     p.add_argument("--log-json", action="store_true")
     args = p.parse_args(argv)
     try:
         check_token(args.id, "--id")
         check_token(args.cluster, "--cluster")
+    except ValueError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 2
+    if not ANY_PORT <= args.metrics_port <= 65535:
+        print("coordinator: --metrics-port must be -1, 0 or a port number", file=sys.stderr)
+        return 2
+    try:
+        alert_url = webhook_url(args.alert_webhook_url_file)
     except ValueError as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
@@ -47,11 +72,30 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await Coordinator(
-            args.nats, args.cluster, args.id, args.lease_ttl, replicas=args.replicas
+            args.nats,
+            args.cluster,
+            args.id,
+            args.lease_ttl,
+            replicas=args.replicas,
+            metrics_port=args.metrics_port,
+            metrics_addr=args.metrics_addr,
+            alert_url=alert_url,
         ).run(stop)
 
     asyncio.run(run())
     return 0
+
+
+def webhook_url(path: Path | None) -> str:
+    """The coordinator's alert webhook from ``path`` or the environment ("" for none)."""
+    try:
+        url = path.read_text().strip() if path else os.environ.get(ENV_WEBHOOK, "").strip()
+    except OSError as exc:
+        raise ValueError(f"--alert-webhook-url-file: {exc.strerror}: {path}") from None
+    where = str(path) if path else f"${ENV_WEBHOOK}"
+    if url and not url.startswith(("http://", "https://")):
+        raise ValueError(f"{where}: the alert webhook must be an http:// or https:// URL")
+    return url
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def account(job: JobRecord, now: float) -> None:
 
 def move_stall(job: JobRecord, seconds: float) -> None:
     """A checkpoint stall already counted as productive time moves to its own bucket."""
-    gpu_s = seconds * job.world_size
+    gpu_s = max(0.0, seconds) * job.world_size  # a negative stall is rank 0's garbage
     take = min(gpu_s, job.goodput.get("productive", 0.0))
     job.goodput["productive"] = job.goodput.get("productive", 0.0) - take
     job.goodput["checkpoint_stall"] = job.goodput.get("checkpoint_stall", 0.0) + take

@@ -18,6 +18,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from prometheus_client import Histogram
 
 from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets
@@ -46,9 +47,13 @@ class Leadership:
         registry: Registry,
         jobs: JobManager,
         publish: Callable[[EventBase], Awaitable[None]],
+        decisions: Histogram | None = None,
+        alert: Callable[[EventBase], None] = lambda event: None,
     ) -> None:
+        self.alert = alert  # node events reach the leader only here; its own via publish
         self.nc, self.js, self.cluster, self.me = nc, js, cluster, me
         self.buckets, self.registry, self.jobs, self.publish = buckets, registry, jobs, publish
+        self.decisions = decisions  # event time → policy done (coordinator.metrics)
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
         self._node_written: dict[str, tuple[object, float]] = {}
@@ -130,9 +135,12 @@ class Leadership:
             return
         if kind_of(event).startswith(("job.", "coordinator.")):
             return
+        self.alert(event)
         if event.condition is not None:
             self.registry.observe_condition(event.condition)
         await self.jobs.on_event(event)
+        if self.decisions is not None:
+            self.decisions.observe(max(0.0, time.time() - event.time.timestamp()))
 
     async def _on_progress(self, data: bytes) -> None:
         try:
@@ -167,6 +175,7 @@ class Leadership:
                 tuple((k, c.severity) for k, c in node.conditions.items()),
                 tuple(node.jobs),
                 node.drain_reason,
+                node.metrics_url,
             )
             written = self._node_written.get(node.id)
             if written is None or written[0] != key:
@@ -215,6 +224,7 @@ class Leadership:
             reply = ApiReply(ok=False, error=f"invalid {verb} request: {exc}")
         except Exception as exc:
             reply = ApiReply(ok=False, error=f"{verb} failed: {exc}")
+        reply.error = reply.error.replace("\r", "\\r").replace("\n", "\\n")  # one line
         reply.coordinator = self.me
         await msg.respond(encode(reply))
 
@@ -234,4 +244,5 @@ def _record(node: NodeInfo, wall: float, mono: float) -> NodeRecord:
         drain_reason=node.drain_reason,
         preflight_ok=node.preflight_ok,
         topology_ok=node.topology_ok,
+        metrics_url=node.metrics_url,
     )

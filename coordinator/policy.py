@@ -82,6 +82,8 @@ def decide(job: JobRecord, event: EventBase, silent: frozenset[str] = frozenset(
         return on_condition(job, event.condition)
     if job.state not in LIVE or (event.node is not None and event.node not in job.nodes):
         return []
+    if isinstance(event, WorkerExited) and event.job != job.id:
+        return []  # another job's rank (or one naming no job): nothing to do with this one
     match event:
         case WorkerExited(attempt=attempt) if attempt != job.attempt or job.stopping:
             return all_exited(job) if job.stopping and attempt == job.attempt else []

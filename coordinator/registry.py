@@ -31,6 +31,7 @@ class NodeInfo:
     jobs: list[str] = field(default_factory=list)
     conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
     drain_reason: str = ""
+    metrics_url: str = ""  # the agent's Prometheus endpoint
     # the newest change each event brought, by key, until a beat sent after it arrives
     _news: dict[str, Condition] = field(default_factory=dict, repr=False)
 
@@ -87,7 +88,7 @@ class Registry:
         node.cpus = beat.cpus
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
-        node.beat_sent_at = beat.sent_at
+        node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         mirror = {c.key: c for c in beat.conditions if c.active}
         # An event may have overtaken the beat (they travel separately): its change stands
         # until a beat sent after it says otherwise.

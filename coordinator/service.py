@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import time
 
 import msgspec
@@ -18,18 +19,22 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from prometheus_client import Histogram
 
+from coordinator.alert_sender import Alerter
+from coordinator.alerts import destinations
 from coordinator.commander import Commander
 from coordinator.election import Election, Role
 from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets, KvCasStore, bind, ensure_layout
 from coordinator.leader import Leadership
+from coordinator.metrics import decision_latency, registry_for
 from coordinator.registry import Registry
 from proto import subjects
 from proto.codec import encode, heartbeat_decoder
 from proto.events import CoordinatorLeader, EventBase
 from proto.node import CoordinatorRecord
-from ringmaster import clock_responder, systemd_notify
+from ringmaster import clock_responder, metrics, systemd_notify
 from ringmaster.bus import connect, publish_event
 
 log = structlog.get_logger()
@@ -38,12 +43,25 @@ CANARY_S = 0.5  # the bus counts as out after Registry.bus_outage_s without a ca
 
 class Coordinator:
     def __init__(
-        self, nats_url: str, cluster: str, me: str, ttl: float = 2.0, replicas: int = 1
+        self,
+        nats_url: str,
+        cluster: str,
+        me: str,
+        ttl: float = 2.0,
+        replicas: int = 1,
+        metrics_port: int = metrics.OFF,
+        metrics_addr: str = "0.0.0.0",
+        alert_url: str = "",
     ) -> None:
+        self.alert_url = alert_url  # the coordinator's own webhook (jobs may add theirs)
+        self.alerter: Alerter | None = None
         self.nats_url, self.cluster, self.me, self.ttl = nats_url, cluster, me, ttl
         self.replicas = replicas
+        self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
         self.registry = Registry()
         self._leadership: Leadership | None = None
+        self._decisions: Histogram | None = None
+        self.metrics: metrics.MetricsServer | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = await connect(self.nats_url, self.me)
@@ -58,6 +76,12 @@ class Coordinator:
         self.election = election
         commander = Commander(nc, self.cluster, self.me, lambda: election.epoch)
         jobs = JobManager(KvCasStore(buckets.jobs), commander, self.registry, self.publish)
+        self.alerter = Alerter(lambda e: destinations(e, jobs.jobs.values(), self.alert_url))
+        exposition = registry_for(self.me, election, self.registry, jobs)
+        self._decisions = decision_latency(exposition)
+        self.metrics = metrics.serve(
+            exposition, self.metrics_port, self.metrics_addr, host=socket.gethostname()
+        )
 
         async def on_beat(msg: Msg) -> None:
             with contextlib.suppress(msgspec.DecodeError):
@@ -78,10 +102,13 @@ class Coordinator:
         finally:
             canary.cancel()
             await self._unlead()
+            await self.alerter.close()
             with contextlib.suppress(Exception):
                 await election.release()
             with contextlib.suppress(Exception):
                 await lease_buckets.members.delete(self.me)
+            if self.metrics is not None:
+                self.metrics.close()
             for conn in connections:
                 with contextlib.suppress(Exception):
                     # close, not drain: draining waits for pull subscriptions' open fetches
@@ -144,7 +171,14 @@ class Coordinator:
                 delay = min(delay * 2, 2.0)
 
     async def publish(self, event: EventBase) -> None:
+        # Alerted before the stream has it: a job's end is told even while JetStream is out.
+        self._alert(event)
         await publish_event(self.js, self.cluster, event)
+
+    def _alert(self, event: EventBase) -> None:
+        """Alerts come from the leader only (a standby sees the same events)."""
+        if self._leadership is not None and self.alerter is not None:
+            self.alerter.notify(event)
 
     async def _presence(self, buckets: Buckets) -> None:
         record = CoordinatorRecord(
@@ -153,6 +187,7 @@ class Coordinator:
             epoch=self.election.epoch,
             pid=os.getpid(),
             updated_at=time.time(),
+            metrics_url=self.metrics.url if self.metrics is not None else "",
         )
         with contextlib.suppress(Exception):
             await buckets.members.put(self.me, encode(record))
@@ -163,7 +198,16 @@ class Coordinator:
         epoch = self.election.epoch
         log.info("leading", id=self.me, epoch=epoch)
         self._leadership = Leadership(
-            nc, js, self.cluster, self.me, buckets, self.registry, jobs, self.publish
+            nc,
+            js,
+            self.cluster,
+            self.me,
+            buckets,
+            self.registry,
+            jobs,
+            self.publish,
+            decisions=self._decisions,
+            alert=self._alert,
         )
         await self._leadership.start()
         await self.publish(

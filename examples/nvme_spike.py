@@ -133,6 +133,9 @@ def main() -> int:
             "spike_event_to_paused_s": round(stamp(pause) - stamp(spike), 3),
         }
         say(f"timings {json.dumps(timings)}")
+        page = home / "report.html"
+        say(f"report {job} at 2.5 a GPU-hour (timeline in {page})")
+        print(ctl("report", job, "--price-per-gpu-hour", "2.5", "--html", str(page)), end="")
     finally:
         if not args.keep:
             say("bringing the cluster down")

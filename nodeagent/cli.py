@@ -31,6 +31,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpus", type=int)
     p.add_argument("--advertise-addr", dest="advertise_addr")
     p.add_argument("--simulated", action="store_true", default=None)
+    p.add_argument(
+        "--metrics-port", dest="metrics_port", type=int, help="0: off; -1: any free port"
+    )
+    p.add_argument("--metrics-addr", dest="metrics_addr", help="address /metrics listens on")
     p.add_argument("--once", action="store_true", help="print one sample of every collector")
     p.add_argument("--preflight", action="store_true", help="check the host; exit 1 if unfit")
     p.add_argument("--json", action="store_true", help="with --once or --preflight: JSON")
@@ -73,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             "gpus",
             "advertise_addr",
             "simulated",
+            "metrics_port",
+            "metrics_addr",
         )
     }
     try:

@@ -118,6 +118,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     simulated: bool = False
     gpus: int | None = None  # ranks this node can host; NVML's count if unset
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # Prometheus /metrics: 0 turns it off, -1 takes any free port (ringmaster.metrics)
+    metrics_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = 9402
+    metrics_addr: str = "0.0.0.0"
     nvme: NvmeSettings = msgspec.field(default_factory=NvmeSettings)
     gpu: GpuSettings = msgspec.field(default_factory=GpuSettings)
     clock: ClockSettings = msgspec.field(default_factory=ClockSettings)

@@ -72,6 +72,8 @@ class ControlChannel:
                 await self._on_progress(message)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except ValueError as exc:  # a line longer than the stream's limit: drop the peer
+            log.warning("progress line too long from rank 0; connection closed", error=str(exc))
         finally:
             if self._writer is writer:
                 self._writer = None

@@ -16,10 +16,11 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from nodeagent.collectors.base import BusAttached
+from nodeagent.collectors.base import BusAttached, Sample
 from nodeagent.commands import CommandHandler
 from nodeagent.config import AgentConfig, detect_addr
 from nodeagent.detectors.base import Unannounced
+from nodeagent.metrics import registry_for
 from nodeagent.outbox import Outbox
 from nodeagent.registry import Registered, build, clock_of
 from nodeagent.sampling import ActiveConditions, close_all, pause, run_once_async, summarize
@@ -38,7 +39,7 @@ from proto.events import (
 )
 from proto.node import CollectorStatus, Heartbeat, Telemetry
 from proto.progress import Progress
-from ringmaster import systemd_notify
+from ringmaster import metrics, systemd_notify
 from ringmaster.bus import connect, event_subject
 
 log = structlog.get_logger()
@@ -53,6 +54,9 @@ class Agent:
         self.telemetry = Telemetry()
         self.active = ActiveConditions()
         self.statuses: dict[str, CollectorStatus] = {}
+        self.latest: dict[str, Sample] = {}  # each collector's newest sample, for /metrics
+        self.beats_sent = 0
+        self.metrics: metrics.MetricsServer | None = None
         self.registered: list[Registered[Any]] = build(config)
         self._outbox: Outbox | None = None
         self.supervisor = Supervisor(self.node, self.run_dir, self.emit, self._progress)
@@ -106,6 +110,9 @@ class Agent:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         nc = await connect(cfg.nats, f"nodeagent-{self.node}")
         self._outbox = Outbox(nc.jetstream())
+        self.metrics = metrics.serve(
+            registry_for(self), cfg.metrics_port, cfg.metrics_addr, host=self.addr
+        )
         clock = clock_of(self.registered)
         handler = CommandHandler(
             self.node,
@@ -161,6 +168,8 @@ class Agent:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             close_all(self.registered)
+            if self.metrics is not None:
+                self.metrics.close()
             await self.supervisor.close()
             with contextlib.suppress(Exception):
                 await nc.drain()
@@ -181,6 +190,7 @@ class Agent:
             sample, status = await run_once_async(entry)
             self.statuses[status.name] = status
             if sample is not None:
+                self.latest[status.name] = sample
                 summarize(self.telemetry, sample)
                 for detector in entry.detectors:
                     for event in detector.observe(sample):
@@ -210,7 +220,9 @@ class Agent:
                 conditions=self.active.conditions(),
                 collectors=list(self.statuses.values()),
                 jobs=self.supervisor.jobs(),
+                metrics_url=self.metrics.url if self.metrics is not None else "",
             )
             with contextlib.suppress(Exception):
                 await nc.publish(subject, encode(beat))
+                self.beats_sent += 1
             await asyncio.sleep(self.config.heartbeat_s)

@@ -110,5 +110,6 @@ class ActiveConditions:
             self._open.pop(condition.key, None)
 
     def conditions(self) -> list[Condition]:
-        """Every open condition, in key order."""
-        return [self._open[key] for key in sorted(self._open)]
+        """Every open condition, in key order. One copy of the items in one call: the
+        metrics endpoint reads this from its own thread while the loop opens and closes."""
+        return [condition for _, condition in sorted(self._open.items())]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -13,16 +13,36 @@ from proto.job import JobRecord
 from proto.node import Heartbeat
 from proto.progress import Progress
 
+T = TypeVar("T")
+
+
+class Decoder(Generic[T]):
+    """msgspec's JSON decoder, except that a message nested too deeply for the stack, or
+    with bytes that are not UTF-8 in a key or a tag, is a ``msgspec.DecodeError`` like any
+    other malformed one (msgspec raises RecursionError and UnicodeDecodeError there)."""
+
+    def __init__(self, decoder: msgspec.json.Decoder[T]) -> None:
+        self._decoder = decoder
+
+    def decode(self, data: bytes | str) -> T:
+        try:
+            return self._decoder.decode(data)
+        except RecursionError:
+            raise msgspec.DecodeError("JSON is nested too deeply") from None
+        except UnicodeDecodeError as exc:
+            raise msgspec.DecodeError(f"JSON is malformed: not UTF-8 ({exc.reason})") from None
+
+
 encoder = msgspec.json.Encoder()
-event_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Event)
-command_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Command)
-reply_decoder = msgspec.json.Decoder(CommandReply)
-heartbeat_decoder = msgspec.json.Decoder(Heartbeat)
-job_decoder = msgspec.json.Decoder(JobRecord)
-submit_decoder = msgspec.json.Decoder(SubmitJob)
-control_decoder = msgspec.json.Decoder(JobControl)
-api_reply_decoder = msgspec.json.Decoder(ApiReply)
-progress_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(Progress)
+event_decoder: Decoder[Any] = Decoder(msgspec.json.Decoder(Event))
+command_decoder: Decoder[Any] = Decoder(msgspec.json.Decoder(Command))
+reply_decoder = Decoder(msgspec.json.Decoder(CommandReply))
+heartbeat_decoder = Decoder(msgspec.json.Decoder(Heartbeat))
+job_decoder = Decoder(msgspec.json.Decoder(JobRecord))
+submit_decoder = Decoder(msgspec.json.Decoder(SubmitJob))
+control_decoder = Decoder(msgspec.json.Decoder(JobControl))
+api_reply_decoder = Decoder(msgspec.json.Decoder(ApiReply))
+progress_decoder: Decoder[Any] = Decoder(msgspec.json.Decoder(Progress))
 
 
 def encode(obj: object) -> bytes:

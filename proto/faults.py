@@ -150,7 +150,7 @@ def _parse_valued(name: str, value: str) -> Fault:
         return NvmeReadonlyFault(readonly=value == "on")
     if name == "link":
         match = _LINK.fullmatch(value)
-        if not match or match[1] == match[2]:
+        if not match or match[1] == match[2] or max(len(match[1]), len(match[2])) > 9:
             raise _Bad(f"{value!r} is not a link between two GPUs")
         return LinkFault(gpu_a=int(match[1]), gpu_b=int(match[2]), link=match[3])
     if name == "clock-offset":
@@ -184,6 +184,6 @@ def _number(text: str, *, low: float = -math.inf, high: float = math.inf) -> flo
 
 
 def _gpu(text: str) -> int:
-    if not (text.isascii() and text.isdigit()):
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
         raise _Bad(f"GPU {text!r} is not an index")
     return int(text)

@@ -55,6 +55,7 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     conditions: list[Condition] = msgspec.field(default_factory=list)
     collectors: list[CollectorStatus] = msgspec.field(default_factory=list)
     jobs: list[str] = msgspec.field(default_factory=list)
+    metrics_url: str = ""  # the agent's Prometheus endpoint; empty when it serves none
 
 
 class ClockProbe(msgspec.Struct, kw_only=True):
@@ -87,6 +88,7 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     drain_reason: str = ""
     preflight_ok: bool = True  # no node.preflight condition active
     topology_ok: bool = True  # no topology.degraded condition active
+    metrics_url: str = ""  # the agent's Prometheus endpoint, from its heartbeat
 
 
 class CoordinatorRecord(msgspec.Struct, kw_only=True):
@@ -95,3 +97,4 @@ class CoordinatorRecord(msgspec.Struct, kw_only=True):
     epoch: int = 0
     pid: int = 0
     updated_at: float = 0.0
+    metrics_url: str = ""  # the coordinator's Prometheus endpoint; empty when it serves none

@@ -3,6 +3,7 @@ error one line that names the key, the value and what was expected."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ def load_job(path: Path, overrides: list[str]) -> JobSpec:
         raise JobFileError(f"{path}: permission denied") from None
     except msgspec.DecodeError as exc:
         raise JobFileError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise JobFileError(f"{path}: not valid TOML: not UTF-8 at byte {exc.start}") from None
+    except OSError as exc:  # not a directory, name too long, ...
+        raise JobFileError(f"{path}: {exc.strerror or type(exc).__name__}") from None
     for item in overrides:
         apply_override(raw, item)
     spec = to_spec(raw, str(path))
@@ -46,9 +51,13 @@ def anchor_paths(spec: JobSpec, base: Path) -> None:
 
 
 def _existing(base: Path, name: str, key: str) -> Path:
-    path = (base / name).resolve()
-    if not path.is_file():
-        raise JobFileError(f"{key} = {name!r}: no such file ({path})")
+    try:
+        path = (base / name).resolve()
+        found = path.is_file()
+    except (OSError, ValueError):  # a NUL byte, a name too long
+        raise JobFileError(f"{key} = {name!r}: not a usable file name") from None
+    if not found:
+        raise JobFileError(f"{key} = {name!r}: no such file ({str(path)!r})")
     return path
 
 
@@ -60,6 +69,8 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         raise JobFileError(f"--set {item!r}: expected key.path=value, e.g. train.steps=300")
     try:
         value = msgspec.toml.decode(f"v = {text}".encode())["v"]
+    except UnicodeEncodeError:  # undecodable bytes in argv arrive as lone surrogates
+        raise JobFileError(f"--set {key}: the value is not valid UTF-8") from None
     except msgspec.DecodeError:
         value = text
     *parents, leaf = key.split(".")
@@ -78,9 +89,27 @@ _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
 
 def to_spec(raw: dict[str, Any], source: str) -> JobSpec:
     try:
-        return msgspec.convert(raw, JobSpec)
+        spec = msgspec.convert(raw, JobSpec)
     except msgspec.ValidationError as exc:
         raise JobFileError(f"{source}: {describe(str(exc), raw)}") from None
+    if problem := _unsendable(raw, ""):
+        raise JobFileError(f"{source}: {problem}")
+    return spec
+
+
+def _unsendable(value: Any, key: str) -> str | None:
+    """A number JSON cannot carry to the coordinator (inf, nan: they would arrive as null)
+    or that does not fit its 64-bit integers."""
+    if isinstance(value, dict):
+        return next((p for k, v in value.items() if (p := _unsendable(v, f"{key}.{k}"))), None)
+    if isinstance(value, list):
+        found = (_unsendable(v, f"{key}[{i}]") for i, v in enumerate(value))
+        return next((p for p in found if p), None)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key.lstrip('.')} = {value!r}: expected a finite number"
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return f"{key.lstrip('.')} = {value}: out of range (64-bit)"
+    return None
 
 
 def describe(error: str, raw: dict[str, Any]) -> str:

@@ -31,8 +31,13 @@ from coordinator.embedded_nats import NatsServerMissing, start_nats_server
 from coordinator.kvstore import ensure_layout
 from proto.node import NodeRecord, NodeState
 from ringmaster.bus import connect
+from ringmaster.metrics import ANY_PORT
 from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
 from ringmaster.rundir import live_ranks
+
+# Every daemon of a local cluster serves /metrics on a port the kernel picks (many share one
+# host), on loopback only; `status --json` names each one's URL.
+METRICS_FLAGS = [f"--metrics-port={ANY_PORT}", "--metrics-addr=127.0.0.1"]
 
 
 def up(
@@ -88,6 +93,7 @@ def up(
                 str(gpus),
                 "--advertise-addr",
                 "127.0.0.1",
+                *METRICS_FLAGS,
             ],
             directory,
         )
@@ -104,6 +110,7 @@ def up(
                 cluster,
                 "--nats",
                 server.url,
+                *METRICS_FLAGS,
             ],
             directory,
         )

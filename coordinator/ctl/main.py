@@ -24,6 +24,7 @@ from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import home, resolve
 from coordinator.ctl.inject import inject
 from coordinator.ctl.jobfile import JobFileError, load_job
+from coordinator.ctl.report import report
 from coordinator.ctl.status import render, status_json
 from coordinator.ctl.tail import Filters, parse_duration, tail
 from proto.api import JobControl, SubmitJob
@@ -68,10 +69,23 @@ def build() -> argparse.ArgumentParser:
     for verb in ("pause", "resume", "checkpoint", "stop"):
         c = sub.add_parser(verb, parents=[common], help=f"{verb} a job")
         c.add_argument("job")
+    rep = sub.add_parser("report", parents=[common], help="a job's goodput, costs and timeline")
+    rep.add_argument("job")
+    rep.add_argument("--price-per-gpu-hour", type=price, metavar="X", help="money per GPU-hour")
+    rep.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML timeline")
+    rep.add_argument("--json", action="store_true")
     inj = sub.add_parser("inject", parents=[common], help="inject a fault (simulated nodes)")
     inj.add_argument("node")
     inj.add_argument("fault")
     return p
+
+
+def price(text: str) -> float:
+    """A non-negative finite number (argparse turns the ValueError into exit 2)."""
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +161,9 @@ async def _remote(args: argparse.Namespace, url: str, cluster: str, directory: P
                 code = 2 if reply.error.startswith("no job") else 1
                 raise CtlError(reply.error, code=code)
             print(f"{cmd}: sent to {reply.job}", file=sys.stderr)
+            return 0
+        if cmd == "report":
+            print(await report(s, args.job, args.price_per_gpu_hour, args.html, args.json))
             return 0
         if cmd == "inject":
             print(await inject(s, args.node, args.fault, directory), file=sys.stderr)

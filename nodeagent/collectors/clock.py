@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -137,6 +138,10 @@ def parse_tracking(line: str) -> ChronyTracking:
     if len(fields) < 14:
         raise ValueError(f"chronyc -c tracking: expected 14 fields, got {len(fields)}")
     correction, root_delay, root_dispersion = float(fields[4]), float(fields[10]), float(fields[11])
+    if not all(map(math.isfinite, (correction, root_delay, root_dispersion))):
+        raise ValueError(
+            f"chronyc -c tracking: non-finite offset or bound in {line.strip()[:80]!r}"
+        )
     return ChronyTracking(
         reference=fields[1] or fields[0],
         stratum=int(fields[2]),

@@ -70,6 +70,8 @@ def parse_stat(text: str) -> tuple[int, int, int]:
         raise StatError(f"non-integer field in {text.strip()[:60]!r}") from None
     if min(values) < 0:
         raise StatError("negative counter")
+    if max(values) >= 2**64:
+        raise StatError("counter wider than 64 bits")
     read_ios, _, _, read_ticks, write_ios, _, _, write_ticks, in_flight = values
     return read_ios + write_ios, read_ticks + write_ticks, in_flight
 

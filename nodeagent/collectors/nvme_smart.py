@@ -63,7 +63,7 @@ def parse_smart(text: str) -> SmartLog:
         if isinstance(warning, dict):
             warning = warning["value"]
         warning = int(warning)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise SmartError(f"not a SMART log: {exc!r} in {text.strip()[:80]!r}") from None
     kelvin = _number(log.get("temperature"))
     return SmartLog(
@@ -79,6 +79,8 @@ def parse_smart(text: str) -> SmartLog:
 def _number(value: object) -> float | None:
     """A numeric field of the log, or None when absent or not a number."""
     if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int) and abs(value) > 2**64:  # no float arithmetic on it
         return None
     return value
 
@@ -125,7 +127,12 @@ class NvmeSmartCollector:
         argv = [part.format(**fields) for part in self._command]
         try:
             result = subprocess.run(
-                argv, capture_output=True, text=True, timeout=self._timeout_s, check=False
+                argv,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=self._timeout_s,
+                check=False,
             )
         except FileNotFoundError:
             raise CollectorUnavailable(f"no {argv[0]} command to read SMART logs") from None

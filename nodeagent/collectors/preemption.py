@@ -18,6 +18,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 import msgspec
@@ -173,8 +174,8 @@ class PreemptionCollector:
             doc = json.loads(body)
             action = str(doc.get("action") or doc["instance-action"])
             deadline = datetime.fromisoformat(doc["time"]).astimezone(UTC)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise MetadataError(f"instance-action: unreadable {body[:120]!r}") from exc
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+            raise MetadataError(f"instance-action: unreadable {body[:120]!r}") from None
         return Notice(action=action, deadline=deadline, detail="spot instance-action")
 
     # -- GCP ---------------------------------------------------------------------------
@@ -217,14 +218,16 @@ class PreemptionCollector:
         if status != 200:
             raise MetadataError(f"scheduledevents: HTTP {status}")
         try:
-            events = json.loads(body)["Events"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MetadataError(f"scheduledevents: unreadable {body[:120]!r}") from exc
+            return self._azure_notice(json.loads(body)["Events"])
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+            raise MetadataError(f"scheduledevents: unreadable {body[:120]!r}") from None
+
+    def _azure_notice(self, events: list[Any]) -> Notice | None:
         for event in events:
             resources = event.get("Resources") or []
             mine = not resources or not self._azure_name or self._azure_name in resources
             if event.get("EventType") == "Preempt" and mine:
-                not_before = event.get("NotBefore") or ""
+                not_before = str(event.get("NotBefore") or "")
                 deadline = parsedate_to_datetime(not_before) if not_before else datetime.now(UTC)
                 return Notice(
                     action="preempt",

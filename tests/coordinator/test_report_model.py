@@ -1,0 +1,147 @@
+"""``coordinatorctl report``'s computations from a list of events, and its HTML."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from coordinator.ctl.main import main
+from coordinator.ctl.report import text
+from coordinator.ctl.report_html import html
+from coordinator.ctl.report_model import build
+from proto.conditions import Condition, ConditionKind, Severity
+from proto.events import (
+    EventBase,
+    GpuThermal,
+    JobCheckpointed,
+    JobCompleted,
+    JobPaused,
+    JobRecovering,
+    JobRestarted,
+    JobResumed,
+    JobStarted,
+    NvmeLatencyRecovered,
+    NvmeLatencySpike,
+)
+from proto.job import GOODPUT_BUCKETS, JobRecord, JobSection, JobSpec, JobState
+
+T0 = 1_700_000_000.0
+NVME = "nvme.latency:node-1:nvme0n1"
+
+
+def at(s: float) -> datetime:
+    return datetime.fromtimestamp(T0 + s, UTC)
+
+
+def record(**goodput: float) -> JobRecord:
+    return JobRecord(
+        id="j-1",
+        name="j",
+        spec=JobSpec(job=JobSection(name="j", nodes=2)),
+        state=JobState.COMPLETED,
+        step=100,
+        target_steps=100,
+        world_size=2,
+        nodes=["node-0", "node-1"],
+        started_at=T0,
+        first_step_at=T0 + 5,
+        goodput=dict.fromkeys(GOODPUT_BUCKETS, 0.0) | goodput,
+    )
+
+
+def nvme(s: float, active: bool) -> EventBase:
+    cond = Condition(kind=ConditionKind.NVME_LATENCY, node="node-1", subject="nvme0n1")
+    cond.active = active
+    kind = NvmeLatencySpike if active else NvmeLatencyRecovered
+    return kind(time=at(s), node="node-1", message="nvme0n1 latency", condition=cond)
+
+
+def test_a_pause_costs_its_time_and_saves_a_restart_and_the_work_since_the_checkpoint() -> None:
+    job = record(productive=200.0, startup=10.0, paused=6.0)  # 1 s a step on 2 GPUs
+    events = [
+        JobStarted(time=at(0), job="j-1", nodes=["node-0", "node-1"]),
+        nvme(20, True),
+        JobPaused(time=at(21), job="j-1", step=40, reason=NVME),
+        nvme(23, False),
+        JobResumed(time=at(24), job="j-1", step=40),
+        JobCheckpointed(time=at(40), job="j-1", step=50),
+        JobCompleted(time=at(100), job="j-1", step=100),
+    ]
+    steps = [(T0 + 5 + i, i) for i in range(1, 101)]
+    r = build(job, events, steps)
+    [fault] = r.faults
+    assert fault.key == NVME and fault.reaction == "paused 3.0 s"
+    assert fault.closed == T0 + 23
+    assert fault.cost_gpu_s == pytest.approx(6.0)
+    # avoided: recovery (start-up took 5 s) + 40 steps since checkpoint 0, at 1 s, on 2 GPUs
+    assert fault.saved_gpu_s == pytest.approx((5 + 40) * 2)
+    assert r.pauses == [(T0 + 21, T0 + 24)]
+    kinds = [m.kind for m in r.markers]
+    assert kinds == [
+        "job.started",
+        "nvme.latency_spike",
+        "job.paused",
+        "nvme.latency_recovered",
+        "job.resumed",
+        "job.checkpointed",
+        "job.completed",
+    ]
+    page = html(r, 2.5)
+    for kind in ("nvme.latency_spike", "job.paused", "job.resumed"):
+        assert f'data-kind="{kind}"' in page
+    assert "<script" not in page and "http://" not in page.replace("http://www.w3.org", "")
+    out = text(r, 2.5)
+    assert "total" in out and "estimate" in out.lower()
+
+
+def test_a_restart_costs_its_recovery_and_the_work_redone() -> None:
+    job = record(productive=200.0, recovery=20.0)
+    hot = Condition(
+        kind=ConditionKind.GPU_THERMAL, node="node-1", subject="0", severity=Severity.CRITICAL
+    )
+    events = [
+        JobStarted(time=at(0), job="j-1", nodes=["node-0", "node-1"]),
+        JobCheckpointed(time=at(55), job="j-1", step=50),
+        GpuThermal(time=at(70), node="node-1", severity=Severity.CRITICAL, condition=hot),
+        JobRecovering(time=at(70.5), job="j-1", reason="GPU 0 on node-1 critical"),
+        JobRestarted(time=at(75), job="j-1", nodes=["node-0", "node-2"], from_step=50),
+    ]
+    steps = [(T0 + 5 + i, i) for i in range(1, 66)] + [(T0 + 80 + i, 50 + i) for i in range(50)]
+    r = build(job, events, sorted(steps))
+    [fault] = r.faults
+    assert fault.key == "gpu.thermal:node-1:0" and fault.reaction == "restarted"
+    # 9.5 s from the restart to its first step, plus 15 steps redone (65 → 50), on 2 GPUs
+    assert fault.cost_gpu_s == pytest.approx((9.5 + 15 * 1.0) * 2)
+
+
+def test_an_on_demand_checkpoint_saves_the_work_since_the_periodic_one() -> None:
+    job = record(productive=200.0)
+    spot = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws")
+    events = [
+        JobCheckpointed(time=at(50), job="j-1", step=50),
+        GpuThermal(time=at(60), node="node-1", condition=spot),  # any event carrying it
+        JobCheckpointed(time=at(61), job="j-1", step=62),
+    ]
+    [fault] = build(job, events, []).faults
+    assert fault.reaction == "checkpointed at step 62"
+    assert fault.saved_gpu_s == pytest.approx(12 * 1.0 * 2)
+
+
+def test_without_progress_the_steps_come_from_the_events() -> None:
+    events = [
+        JobStarted(time=at(0), job="j-1"),
+        JobCheckpointed(time=at(50), job="j-1", step=50),
+        JobCompleted(time=at(100), job="j-1", step=100),
+    ]
+    assert build(record(), events, []).steps == [(T0, 0), (T0 + 50, 50), (T0 + 100, 100)]
+
+
+@pytest.mark.parametrize("price", ["-1", "abc", "nan", "inf"])
+def test_price_must_be_a_non_negative_number(
+    price: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", "j-1", "--price-per-gpu-hour", price])
+    assert exit_.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
