@@ -12,6 +12,8 @@ from pathlib import Path
 
 from coordinator.service import Coordinator
 from proto.subjects import check_token
+from ringmaster.auth import ENV as ENV_CREDS
+from ringmaster.auth import AuthError
 from ringmaster.bus import DEFAULT_URL
 from ringmaster.log import configure
 from ringmaster.metrics import ANY_PORT
@@ -44,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="file holding a Slack-compatible webhook URL for critical events and job ends "
         "(else $RINGMASTER_ALERT_WEBHOOK_URL); a file, so a token in it stays off `ps`",
+    )
+    p.add_argument(
+        "--creds",
+        default=os.environ.get(ENV_CREDS),
+        help=f"NATS creds file (else ${ENV_CREDS}; none: no auth)",
     )
     p.add_argument("--log-json", action="store_true")
     args = p.parse_args(argv)
@@ -80,9 +87,14 @@ def main(argv: list[str] | None = None) -> int:
             metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr,
             alert_url=alert_url,
+            creds=args.creds,
         ).run(stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except AuthError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

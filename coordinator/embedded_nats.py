@@ -72,12 +72,15 @@ def start_nats_server(
     cluster_port: int | None = None,
     routes: list[str] | None = None,
     detach: bool = False,
+    config: Path | None = None,
     timeout: float = 15.0,
 ) -> NatsServer:
     """Start nats-server with JetStream stored under ``run_dir``; return once it listens.
 
     ``detach`` starts it in its own session so it outlives the caller (``coordinatorctl up``).
     ``cluster_port``/``routes`` join it to a cluster (routes, R3 streams).
+    ``config`` is a config file (``-c``), e.g. the ``authorization`` users of
+    ``coordinator.auth``; the flags here override what it sets.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     ports_dir = run_dir / "ports"
@@ -98,6 +101,8 @@ def start_nats_server(
         "--ports_file_dir",
         str(ports_dir),
     ]
+    if config is not None:
+        args[1:1] = ["-c", str(config)]
     if cluster_port is not None:
         args += ["--cluster_name", "ringmaster", "--cluster", f"nats://127.0.0.1:{cluster_port}"]
         if routes:

@@ -29,6 +29,7 @@ from proto.commands import CheckpointNow, Pause, Resume, ResyncClock, Stop
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import (
     EventBase,
+    JobBandwidth,
     JobCheckpointed,
     JobCompleted,
     JobFailed,
@@ -37,10 +38,19 @@ from proto.events import (
     JobResumed,
     JobStopped,
     JobSubmitted,
+    NodeRefused,
     WorkerExited,
 )
 from proto.job import JobRecord, JobState
-from proto.progress import Checkpointed, Finished, Paused, Progress, Resumed, StepDone
+from proto.progress import (
+    BandwidthChecked,
+    Checkpointed,
+    Finished,
+    Paused,
+    Progress,
+    Resumed,
+    StepDone,
+)
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
@@ -204,6 +214,8 @@ class JobManager:
                 job.finished, job.step = outcome, max(job.step, step)
                 for action in policy.all_exited(job):
                     await self.apply(job, action)
+            case BandwidthChecked():
+                await self._bandwidth(job, msg)
 
     # -- actions ----------------------------------------------------------------------
 
@@ -230,8 +242,18 @@ class JobManager:
                     await self._to_rank0(job, Resume(job=job.id, reason=reason))
             case policy.CheckpointJob(reason=reason):
                 await self._checkpoint(job, reason)
-            case policy.RestartJob(reason=reason, exclude=exclude):
-                await self._recover(job, reason, exclude)
+            case policy.RestartJob(reason=reason, exclude=exclude, charged=charged):
+                await self._recover(job, reason, exclude, charged)
+            case policy.RefuseNode(node=node, reason=reason):
+                await self.publish(
+                    NodeRefused(
+                        node=node,
+                        job=job.id,
+                        severity=Severity.WARNING,
+                        reason=reason,
+                        message=reason,
+                    )
+                )
             case policy.FinishJob(state=state, reason=reason):
                 await self._finish(job, state, reason)
         self._dirty.add(job.id)
@@ -267,9 +289,30 @@ class JobManager:
             job.nodes, lambda: Stop(job=job.id, reason=reason, grace_s=grace), grace + 15
         )
 
-    async def _recover(self, job: JobRecord, reason: str, exclude: tuple[str, ...]) -> None:
+    async def _bandwidth(self, job: JobRecord, msg: BandwidthChecked) -> None:
+        """Publish the preflight figures, then let the policy refuse slow nodes."""
+        actions = policy.on_bandwidth(job, msg)
+        refused = sorted(a.node for a in actions if isinstance(a, policy.RefuseNode))
+        figures = ", ".join(f"{node} {gbps:.1f}" for node, gbps in msg.node_gbps.items())
+        await self.publish(
+            JobBandwidth(
+                job=job.id,
+                severity=Severity.WARNING if refused else Severity.INFO,
+                node_gbps=msg.node_gbps,
+                median_gbps=msg.median_gbps,
+                slow=refused,
+                message=f"bus bandwidth GB/s: {figures} (median {msg.median_gbps:.1f})",
+            )
+        )
+        for action in actions:
+            await self.apply(job, action)
+
+    async def _recover(
+        self, job: JobRecord, reason: str, exclude: tuple[str, ...], charged: bool = True
+    ) -> None:
         job.state, job.reason = JobState.RECOVERING, reason
-        job.restarts += 1
+        if charged:
+            job.restarts += 1
         job.failed_at_step = job.step
         job.excluded = sorted({*job.excluded, *exclude})
         await self.save(job)

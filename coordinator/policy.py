@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited
 from proto.job import JobRecord, JobState
+from proto.progress import BandwidthChecked, slow_nodes
 
 LIVE = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PAUSED, JobState.CHECKPOINTING})
 
@@ -48,8 +49,22 @@ class CheckpointJob:
 
 @dataclass(frozen=True)
 class RestartJob:
+    """Restart without ``exclude``; ``charged``: the restart counts against the job's
+    ``max_restarts`` (not when nothing trained yet and no fault struck, as after a
+    preflight refusal)."""
+
     reason: str
     exclude: tuple[str, ...] = ()
+    charged: bool = True
+
+
+@dataclass(frozen=True)
+class RefuseNode:
+    """Publish ``node.refused``: the job will not run on ``node`` (paired with a restart
+    that excludes it)."""
+
+    node: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,16 @@ class FinishJob:
     reason: str
 
 
-Action = PauseJob | ResumeJob | CheckpointJob | RestartJob | DrainNode | ResyncNode | FinishJob
+Action = (
+    PauseJob
+    | ResumeJob
+    | CheckpointJob
+    | RestartJob
+    | RefuseNode
+    | DrainNode
+    | ResyncNode
+    | FinishJob
+)
 
 
 def decide(job: JobRecord, event: EventBase, silent: frozenset[str] = frozenset()) -> list[Action]:
@@ -140,6 +164,33 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
             why = f"GPU {cond.subject} on {node}: {cond.reason or 'critical temperature'}"
             return _evacuate(job, node, why)
     return []
+
+
+def on_bandwidth(job: JobRecord, msg: BandwidthChecked) -> list[Action]:
+    """Rank 0's preflight bandwidth figures, before the first step: refuse every node of
+    the job under ``min_bandwidth_ratio`` × the median of its peers and restart without
+    them. The restart is not charged to the budget: nothing trained and nothing failed,
+    and each refusal shrinks the nodes a job can be admitted to, so it cannot loop. The
+    node is not drained: other jobs may not need its bandwidth."""
+    if job.state is not JobState.STARTING:
+        return []  # a late message from an earlier attempt, or the job moved on
+    ratio = job.spec.policy.min_bandwidth_ratio
+    slow = {
+        node: median
+        for node, median in slow_nodes(msg.node_gbps, ratio).items()
+        if node in job.nodes
+    }
+    reasons = {
+        node: f"{node} bus bandwidth {msg.node_gbps[node]:.1f} GB/s, under {ratio:g} × "
+        f"the median {median:.1f} GB/s of its peers"
+        for node, median in sorted(slow.items())
+    }
+    if not reasons:
+        return []
+    return [
+        *(RefuseNode(node, why) for node, why in reasons.items()),
+        RestartJob("; ".join(reasons.values()), tuple(reasons), charged=False),
+    ]
 
 
 def on_node_condition(cond: Condition) -> list[Action]:

@@ -52,7 +52,9 @@ class Coordinator:
         metrics_port: int = metrics.OFF,
         metrics_addr: str = "0.0.0.0",
         alert_url: str = "",
+        creds: str | None = None,
     ) -> None:
+        self.creds = creds  # creds file path (ringmaster.auth); None: no auth
         self.alert_url = alert_url  # the coordinator's own webhook (jobs may add theirs)
         self.alerter: Alerter | None = None
         self.nats_url, self.cluster, self.me, self.ttl = nats_url, cluster, me, ttl
@@ -64,9 +66,9 @@ class Coordinator:
         self.metrics: metrics.MetricsServer | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        nc = await connect(self.nats_url, self.me)
-        lease_nc = await connect(self.nats_url, f"{self.me}-lease")
-        beats_nc = await connect(self.nats_url, f"{self.me}-heartbeats")
+        nc = await connect(self.nats_url, self.me, self.creds)
+        lease_nc = await connect(self.nats_url, f"{self.me}-lease", self.creds)
+        beats_nc = await connect(self.nats_url, f"{self.me}-heartbeats", self.creds)
         connections = (nc, lease_nc, beats_nc)
         js = nc.jetstream()
         buckets = await self._layout(js, stop)

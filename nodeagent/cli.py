@@ -15,6 +15,7 @@ import msgspec
 from nodeagent.config import AgentConfig, ConfigError, load
 from nodeagent.registry import build, preflight
 from nodeagent.sampling import close_all, run_once
+from ringmaster.auth import AuthError
 from ringmaster.log import configure
 
 
@@ -24,6 +25,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--node", help="node id (default: short hostname)")
     p.add_argument("--cluster")
     p.add_argument("--nats", help="NATS URL(s), comma-separated")
+    p.add_argument("--creds", dest="creds_file", help="NATS creds file (else $RINGMASTER_CREDS)")
     p.add_argument("--run-dir", dest="run_dir")
     p.add_argument("--sysfs")
     p.add_argument("--procfs")
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             "node",
             "cluster",
             "nats",
+            "creds_file",
             "run_dir",
             "sysfs",
             "procfs",
@@ -117,7 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         loop.add_signal_handler(signal.SIGINT, stop.set)
         await agent.run(stop)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except AuthError as exc:
+        print(f"nodeagent: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -110,6 +110,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node: NodeId = msgspec.field(default_factory=lambda: socket.gethostname().split(".")[0])
     cluster: str = "local"
     nats: str = "nats://127.0.0.1:4222"
+    creds_file: str | None = None  # NATS creds (ringmaster.auth); unset: $RINGMASTER_CREDS
     advertise_addr: str | None = None  # IP the rendezvous master listens on; detected if unset
     run_dir: str = "/var/lib/ringmaster/agent"
     sysfs: str = "/sys"

@@ -39,7 +39,7 @@ from proto.events import (
 )
 from proto.node import CollectorStatus, Heartbeat, Telemetry
 from proto.progress import Progress
-from ringmaster import metrics, systemd_notify
+from ringmaster import auth, metrics, systemd_notify
 from ringmaster.bus import connect, event_subject
 
 log = structlog.get_logger()
@@ -59,7 +59,9 @@ class Agent:
         self.metrics: metrics.MetricsServer | None = None
         self.registered: list[Registered[Any]] = build(config)
         self._outbox: Outbox | None = None
-        self.supervisor = Supervisor(self.node, self.run_dir, self.emit, self._progress)
+        self.supervisor = Supervisor(
+            self.node, self.run_dir, self.emit, self._progress, simulated=config.simulated
+        )
 
     async def emit(self, event: EventBase) -> None:
         self._publish(event)
@@ -108,7 +110,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        nc = await connect(cfg.nats, f"nodeagent-{self.node}")
+        nc = await connect(cfg.nats, f"nodeagent-{self.node}", auth.from_env(cfg.creds_file))
         self._outbox = Outbox(nc.jetstream())
         self.metrics = metrics.serve(
             registry_for(self), cfg.metrics_port, cfg.metrics_addr, host=self.addr

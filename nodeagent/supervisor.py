@@ -51,9 +51,16 @@ class JobRun:
 
 class Supervisor:
     def __init__(
-        self, node: str, run_dir: Path, on_event: EventSink, on_progress: ProgressSink
+        self,
+        node: str,
+        run_dir: Path,
+        on_event: EventSink,
+        on_progress: ProgressSink,
+        *,
+        simulated: bool = False,
     ) -> None:
         self.node = node
+        self.simulated = simulated  # ranks are told, for rehearsal-only knobs
         self.run_dir = run_dir
         self._on_event = on_event
         self._on_progress = on_progress
@@ -98,6 +105,8 @@ class Supervisor:
                 "RINGMASTER_WORKDIR": str(run.workdir),
                 "RINGMASTER_CONTROL_SOCKET": str(channel.path),
                 "RINGMASTER_ATTEMPT": str(cmd.attempt),
+                "RINGMASTER_NODE": self.node,
+                "RINGMASTER_SIMULATED": "1" if self.simulated else "0",
             }
             logf = jobdir.rank_log(spec.rank).open("ab")
             try:

@@ -173,6 +173,15 @@ class JobStarted(EventBase, tag="job.started"):
     skipped: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+class JobBandwidth(EventBase, tag="job.bandwidth"):
+    """The preflight bandwidth check's figures (an addition to the contract's kinds):
+    each node's bus bandwidth in GB/s; ``slow``: the nodes refused for it."""
+
+    node_gbps: dict[str, float] = msgspec.field(default_factory=dict)
+    median_gbps: float = 0.0
+    slow: list[str] = msgspec.field(default_factory=list)
+
+
 class JobPaused(EventBase, tag="job.paused"):
     step: int = 0
     reason: str = ""
@@ -248,6 +257,7 @@ Event = (
     | WorkerExited
     | JobSubmitted
     | JobStarted
+    | JobBandwidth
     | JobPaused
     | JobResumed
     | JobCheckpointed

@@ -65,6 +65,9 @@ class TrainSection(Config):
     engine: Literal["deepspeed", "fsdp", "ddp"] = "deepspeed"
     zero_stage: Annotated[int, msgspec.Meta(ge=0, le=3)] = 1
     log_every: Positive = 1
+    # Multi-node jobs: time an all-reduce over each link between nodes before the first
+    # step and refuse a node under policy.min_bandwidth_ratio (trainer/preflight_bw.py).
+    preflight_bandwidth: bool = True
 
 
 class CheckpointSection(Config):
@@ -83,6 +86,9 @@ class PolicySection(Config):
     gpu_critical_c: PositiveFloat = 92.0
     max_restarts: NonNegative = 3
     heartbeat_missed: Positive = 3
+    # The preflight bandwidth check refuses a node whose bus bandwidth is under this
+    # fraction of the median of its peers' (three nodes and more).
+    min_bandwidth_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
 
 
 class AlertsSection(Config):

@@ -3,6 +3,8 @@ Unix socket), relayed to the coordinator as they arrive."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping
 from typing import Literal
 
 import msgspec
@@ -47,7 +49,31 @@ class Finished(ProgressBase, tag="finished"):
     outcome: Literal["completed", "stopped"] = "completed"
 
 
-Progress = StepDone | Paused | Resumed | Checkpointed | Finished
+class BandwidthChecked(ProgressBase, tag="bandwidth"):
+    """The preflight bandwidth check (:mod:`trainer.preflight_bw`), once per rank-0 process
+    of a multi-node job, before its first step."""
+
+    # each node's bus bandwidth (NCCL-tests' busbw of its best link) in GB/s, by node id
+    node_gbps: dict[str, float] = msgspec.field(default_factory=dict)
+    median_gbps: float = 0.0
+    # the nodes rank 0 found under the job's policy.min_bandwidth_ratio; the coordinator
+    # decides again from node_gbps with the job's policy (slow_nodes)
+    slow: list[str] = msgspec.field(default_factory=list)
+    seconds: float = 0.0  # what the check cost
+
+
+Progress = StepDone | Paused | Resumed | Checkpointed | Finished | BandwidthChecked
+
+
+def slow_nodes(node_gbps: Mapping[str, float], ratio: float) -> dict[str, float]:
+    """The nodes under ``ratio`` × the median of their peers' figures, each with that
+    median. Shared by rank 0 (its log) and the coordinator (its decision)."""
+    slow = {}
+    for node, gbps in node_gbps.items():
+        peers = [g for n, g in node_gbps.items() if n != node]
+        if peers and gbps < ratio * (median := statistics.median(peers)):
+            slow[node] = median
+    return slow
 
 
 class ControlWord(msgspec.Struct, kw_only=True):

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from proto.progress import Finished
-from trainer import termination
+from trainer import preflight_bw, termination
 from trainer.agent_link import AgentLink
 from trainer.batch_size import choose_micro_batch, forward_backward
 from trainer.build import build_model, compile_model
@@ -140,6 +140,19 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
         link = AgentLink(launch.control_socket, launch.job_id).start()
     checkpointer: Checkpointer | None = None
     try:
+        if train.preflight_bandwidth:  # before the model: a refused node wastes no build
+            checked = preflight_bw.check(
+                launch.rank,
+                launch.world_size,
+                launch.local_world_size,
+                device,
+                coord.group,
+                os.environ,
+                launch.spec.policy.min_bandwidth_ratio,
+                log,
+            )
+            if checked is not None and link is not None:
+                link.send(checked)
         torch.manual_seed(train.seed)  # identical initial weights on every rank
         model = build_model(train, cfg, device, log)
         params = count_params(model)  # before ZeRO-3 partitions the parameters away

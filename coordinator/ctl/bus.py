@@ -3,15 +3,16 @@ and ask the leader over request/reply."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.errors import NoRespondersError, NoServersError
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
@@ -21,6 +22,7 @@ from coordinator.ctl.errors import CtlError
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import api_reply_decoder, encode
+from ringmaster import auth
 
 T = TypeVar("T")
 
@@ -31,6 +33,8 @@ class Session:
     js: JetStreamContext
     cluster: str
     url: str
+    # the server's "permissions violation" notices, which arrive apart from the request
+    denied: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
 
     async def bucket(self, what: str) -> KeyValue:
         try:
@@ -61,10 +65,17 @@ class Session:
         return msgspec.json.decode(entry.value, type=kind) if entry.value else None
 
     async def ask(self, verb: str, request: object, timeout: float = 15.0) -> ApiReply:
+        asked = asyncio.ensure_future(
+            self.nc.request(subjects.api(self.cluster, verb), encode(request), timeout=timeout)
+        )
+        refusal = asyncio.ensure_future(self.denied.get())
+        await asyncio.wait({asked, refusal}, return_when=asyncio.FIRST_COMPLETED)
+        refusal.cancel()
+        if not asked.done():
+            asked.cancel()
+            raise CtlError(f"{verb}: {refusal.result()} (these creds may not)", code=2)
         try:
-            msg = await self.nc.request(
-                subjects.api(self.cluster, verb), encode(request), timeout=timeout
-            )
+            msg = await asked
         except NoRespondersError:
             raise CtlError(
                 f"no coordinator is leading cluster {self.cluster!r} at {self.url}"
@@ -78,12 +89,20 @@ class Session:
 
 
 @contextlib.asynccontextmanager
-async def session(url: str, cluster: str) -> AsyncIterator[Session]:
+async def session(url: str, cluster: str, creds: str | None = None) -> AsyncIterator[Session]:
     import nats
 
-    async def quiet(_: Exception) -> None:
-        """nats-py logs tracebacks by default; the CLI reports one line instead."""
+    denied: asyncio.Queue[str] = asyncio.Queue()
 
+    async def quiet(exc: Exception) -> None:
+        """nats-py logs tracebacks by default; the CLI reports one line instead."""
+        if "permissions violation" in str(exc):
+            denied.put_nowait(str(exc).removeprefix("nats: "))
+
+    try:
+        options = auth.connect_options(creds)
+    except auth.CredsError as exc:
+        raise CtlError(str(exc), code=2) from None
     try:
         nc = await nats.connect(
             servers=url.split(","),
@@ -92,11 +111,17 @@ async def session(url: str, cluster: str) -> AsyncIterator[Session]:
             allow_reconnect=False,
             name="coordinatorctl",
             error_cb=quiet,
+            **options,
         )
-    except (NoServersError, OSError, NatsError, TimeoutError) as exc:
+    except NatsError as exc:
+        if auth.is_refused(exc):
+            who = f"the credentials in {creds}" if creds else "a connection without credentials"
+            raise CtlError(f"NATS at {url} refused {who}", code=2) from None
+        raise CtlError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+    except (OSError, TimeoutError) as exc:
         raise CtlError(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
     try:
-        yield Session(nc=nc, js=nc.jetstream(), cluster=cluster, url=url)
+        yield Session(nc=nc, js=nc.jetstream(), cluster=cluster, url=url, denied=denied)
     finally:
         with contextlib.suppress(Exception):
             await nc.close()

@@ -2,7 +2,9 @@
 
 The directory is ``--dir``, else ``$RINGMASTER_HOME``, else ``$XDG_STATE_HOME/ringmaster``
 (``~/.local/state/ringmaster``). ``up`` writes ``cluster.json`` there; the NATS URL is
-``--nats``, else ``$RINGMASTER_NATS``, else that file's, else ``nats://127.0.0.1:4222``.
+``--nats``, else ``$RINGMASTER_NATS``, else that file's, else ``nats://127.0.0.1:4222``;
+the creds likewise: ``--creds``, else ``$RINGMASTER_CREDS``, else the operator creds ``up``
+wrote in ``secrets/``, else none.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 
 import msgspec
 
+from coordinator.auth import OPERATOR, creds_path
+from ringmaster.auth import ENV as ENV_CREDS
 from ringmaster.bus import DEFAULT_URL
 from ringmaster.procs import pid_alive, read_pid
 
@@ -23,6 +27,7 @@ class LocalCluster(msgspec.Struct, kw_only=True):
     nodes: list[str]
     gpus_per_node: int
     coordinators: list[str]
+    auth: bool = False  # users and creds in DIR/secrets (coordinator.auth)
 
 
 def home(explicit: str | None = None) -> Path:
@@ -85,3 +90,11 @@ def resolve(nats: str | None, cluster: str | None, directory: str | None) -> tup
     url = nats or os.environ.get("RINGMASTER_NATS") or (local.nats if local else DEFAULT_URL)
     name = cluster or os.environ.get("RINGMASTER_CLUSTER") or (local.cluster if local else "local")
     return url, name
+
+
+def resolve_creds(explicit: str | None, directory: str | None) -> str | None:
+    """The creds file by the documented precedence (None: connect without auth)."""
+    if chosen := explicit or os.environ.get(ENV_CREDS):
+        return chosen
+    local = running(home(directory))
+    return str(creds_path(home(directory), OPERATOR)) if local and local.auth else None

@@ -1,21 +1,26 @@
 """``up`` and ``down``: a whole cluster on one machine — an embedded NATS server with
 JetStream, one hardware simulator for all nodes, one real agent per node pointed at its
 simulated tree, and one or two coordinators. Every process is detached (its own session),
-with its PID in ``DIR/pids`` and its log in ``DIR/logs``."""
+with its PID in ``DIR/pids`` and its log in ``DIR/logs``. With ``auth`` (the default) the
+server admits only the users of ``coordinator.auth``: each process gets its own creds file
+in ``DIR/secrets``, by path, and the CLI uses ``operator.json``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import msgspec
-from nats.js.errors import NoKeysError
+from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
+from coordinator.auth import OPERATOR, SIMULATOR, agent_user, creds_path
+from coordinator.auth import init as init_auth
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import (
     LocalCluster,
@@ -28,8 +33,9 @@ from coordinator.ctl.home import (
     running,
 )
 from coordinator.embedded_nats import NatsServerMissing, start_nats_server
-from coordinator.kvstore import ensure_layout
+from coordinator.kvstore import Buckets, bind
 from proto.node import NodeRecord, NodeState
+from ringmaster.auth import ENV as ENV_CREDS
 from ringmaster.bus import connect
 from ringmaster.metrics import ANY_PORT
 from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
@@ -41,7 +47,13 @@ METRICS_FLAGS = [f"--metrics-port={ANY_PORT}", "--metrics-addr=127.0.0.1"]
 
 
 def up(
-    directory: Path, nodes: int, gpus: int, standby: bool, cluster: str, timeout: float = 90.0
+    directory: Path,
+    nodes: int,
+    gpus: int,
+    standby: bool,
+    cluster: str,
+    timeout: float = 90.0,
+    auth: bool = True,
 ) -> LocalCluster:
     if nodes < 1 or gpus < 1:
         raise CtlError("--nodes and --gpus-per-node must be at least 1", code=2)
@@ -51,20 +63,32 @@ def up(
     logs, root = directory / "logs", nodes_root(directory)
     for d in (pids_dir(directory), logs, root):
         d.mkdir(parents=True, exist_ok=True)
+    names = [f"node-{i}" for i in range(nodes)]
+    coordinators = ["coordinator-0", "coordinator-1"] if standby else ["coordinator-0"]
+    # fresh passwords on every start; without auth, no stale creds for the CLI to pick up
+    shutil.rmtree(directory / "secrets", ignore_errors=True)
+    config = init_auth(directory, cluster, names, coordinators) if auth else None
+
+    def creds(principal: str) -> list[str]:
+        return ["--creds", str(creds_path(directory, principal))] if auth else []
+
     try:
-        server = start_nats_server(directory / "nats", detach=True)
+        server = start_nats_server(directory / "nats", detach=True, config=config)
     except (NatsServerMissing, RuntimeError) as exc:
         raise CtlError(str(exc)) from None
     pid_file(directory, "nats-server").write_text(str(server.pid))
-    names = [f"node-{i}" for i in range(nodes)]
-    coordinators = ["coordinator-0", "coordinator-1"] if standby else ["coordinator-0"]
     local = LocalCluster(
-        nats=server.url, cluster=cluster, nodes=names, gpus_per_node=gpus, coordinators=coordinators
+        nats=server.url,
+        cluster=cluster,
+        nodes=names,
+        gpus_per_node=gpus,
+        coordinators=coordinators,
+        auth=auth,
     )
     (directory / "cluster.json").write_bytes(msgspec.json.encode(local))
     py = sys.executable
     sim = [py, "-m", "nodeagent.sim", "--root", str(root), "--nodes", ",".join(names)]
-    sim += ["--nats", server.url, "--cluster", cluster, "--gpus", str(gpus)]
+    sim += ["--nats", server.url, "--cluster", cluster, "--gpus", str(gpus), *creds(SIMULATOR)]
     _spawn("simulator", sim, directory)
     try:
         wait_until(lambda: all((root / n / ".ready").exists() for n in names), 60)
@@ -93,6 +117,7 @@ def up(
                 str(gpus),
                 "--advertise-addr",
                 "127.0.0.1",
+                *creds(agent_user(name)),
                 *METRICS_FLAGS,
             ],
             directory,
@@ -110,13 +135,15 @@ def up(
                 cluster,
                 "--nats",
                 server.url,
+                *creds(coordinator),
                 *METRICS_FLAGS,
             ],
             directory,
         )
     seen: dict[str, NodeRecord] = {}
     try:
-        asyncio.run(_await_nodes(local, seen, timeout))
+        operator = str(creds_path(directory, OPERATOR)) if auth else None
+        asyncio.run(_await_nodes(local, operator, seen, timeout))
     except TimeoutError:
         missing = ", ".join(n for n in names if n not in seen)
         raise CtlError(
@@ -138,20 +165,30 @@ def _spawn(name: str, argv: list[str], directory: Path) -> None:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # each process gets its own creds by flag, never the caller's
+            env={k: v for k, v in os.environ.items() if k != ENV_CREDS} | {"PYTHONUNBUFFERED": "1"},
         )
     pid_file(directory, name).write_text(str(proc.pid))
 
 
-async def _await_nodes(local: LocalCluster, seen: dict[str, NodeRecord], timeout: float) -> None:
+async def _await_nodes(
+    local: LocalCluster, creds: str | None, seen: dict[str, NodeRecord], timeout: float
+) -> None:
     """Wait until the coordinator has a live record of every node, whatever its health: a
     node whose preflight fails is registered (and degraded), not missing. ``seen`` fills
-    as records appear, so a timeout can name the nodes still missing."""
-    nc = await connect(local.nats, "coordinatorctl-up")
+    as records appear, so a timeout can name the nodes still missing. The buckets are the
+    coordinator's to create (the operator may only read them), so they are awaited too."""
+    nc = await connect(local.nats, "coordinatorctl-up", creds)
     try:
-        buckets = await ensure_layout(nc.jetstream(), local.cluster)
+        found: list[Buckets] = []
 
         async def all_seen() -> bool:
+            if not found:
+                with contextlib.suppress(BucketNotFoundError, NotFoundError):
+                    found.append(await bind(nc.jetstream(), local.cluster))
+                if not found:
+                    return False
+            buckets = found[0]
             with contextlib.suppress(NoKeysError):
                 for key in await buckets.nodes.keys():
                     entry = await buckets.nodes.get(key)
@@ -180,18 +217,31 @@ def _order(name: str) -> int:
 def down(directory: Path, timeout: float = 15.0) -> list[str]:
     """Stop every rank, daemon and server ``up`` started. Returns what was stopped."""
     stopped: list[str] = []
-    # Training ranks outlive agent restarts by design, so they are stopped explicitly.
+    daemons = sorted(pids_dir(directory).glob("*.pid"), key=lambda p: _order(p.stem))
+    # Coordinators and agents first: a coordinator still running would answer the ranks'
+    # exits with a restart, and agents would launch ranks nobody stops. Training ranks
+    # outlive agents by design, so they are stopped explicitly, then the rest.
+    deciders = [p for p in daemons if _order(p.stem) <= 1]
+    for pidfile in deciders:
+        stopped += _stop_pidfile(pidfile, timeout)
     for run_dir in agent_run_dirs(directory):
         for rank in live_ranks(run_dir):
             _kill_group(rank.pid, timeout)
             stopped.append(f"rank {rank.job}/rank-{rank.rank} ({rank.pid})")
-    for pidfile in sorted(pids_dir(directory).glob("*.pid"), key=lambda p: _order(p.stem)):
-        pid = read_pid(pidfile)
-        if pid is not None and pid_alive(pid):
-            _kill_group(pid, timeout)
-            stopped.append(f"{pidfile.stem} ({pid})")
-        pidfile.unlink(missing_ok=True)
+    for pidfile in daemons:
+        if pidfile not in deciders:
+            stopped += _stop_pidfile(pidfile, timeout)
     (directory / "cluster.json").unlink(missing_ok=True)
+    return stopped
+
+
+def _stop_pidfile(pidfile: Path, timeout: float) -> list[str]:
+    pid = read_pid(pidfile)
+    stopped = []
+    if pid is not None and pid_alive(pid):
+        _kill_group(pid, timeout)
+        stopped.append(f"{pidfile.stem} ({pid})")
+    pidfile.unlink(missing_ok=True)
     return stopped
 
 

@@ -18,10 +18,11 @@ from typing import NoReturn
 from nats.errors import Error as NatsError
 from rich.console import Console
 
+from coordinator.auth import init as init_auth
 from coordinator.ctl import local
 from coordinator.ctl.bus import Session, session
 from coordinator.ctl.errors import CtlError
-from coordinator.ctl.home import home, resolve
+from coordinator.ctl.home import home, resolve, resolve_creds
 from coordinator.ctl.inject import inject
 from coordinator.ctl.jobfile import JobFileError, load_job
 from coordinator.ctl.report import report
@@ -43,6 +44,9 @@ def build() -> argparse.ArgumentParser:
     common.add_argument("--nats", help="NATS URL (else $RINGMASTER_NATS, else the local cluster)")
     common.add_argument("--cluster", help="cluster name (default: the local cluster's, 'local')")
     common.add_argument("--dir", help="local cluster directory (else $RINGMASTER_HOME)")
+    common.add_argument(
+        "--creds", help="NATS creds file (else $RINGMASTER_CREDS, else the local cluster's)"
+    )
     p = Parser(prog="coordinatorctl", description="Operate a Ringmaster cluster")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     up = sub.add_parser("up", parents=[common], help="start a local cluster")
@@ -50,6 +54,19 @@ def build() -> argparse.ArgumentParser:
     up.add_argument("--gpus-per-node", type=int, default=1)
     up.add_argument("--standby", action="store_true", help="also start a standby coordinator")
     up.add_argument("--json", action="store_true")
+    up.add_argument(
+        "--auth",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="per-process NATS users with least-privilege permissions (default: on)",
+    )
+    auth = sub.add_parser("auth", help="NATS users and creds for a production cluster")
+    auth_sub = auth.add_subparsers(dest="auth_command", required=True, parser_class=Parser)
+    init = auth_sub.add_parser("init", help="write nats-auth.conf and one creds file each")
+    init.add_argument("--cluster", required=True)
+    init.add_argument("--nodes", required=True, help="comma-separated node ids")
+    init.add_argument("--coordinators", default="coordinator-0", help="comma-separated ids")
+    init.add_argument("--out", type=Path, required=True, help="directory to write into")
     sub.add_parser("down", parents=[common], help="stop everything up started")
     start = sub.add_parser("start", parents=[common], help="submit a job")
     start.add_argument("jobfile", type=Path)
@@ -106,10 +123,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "auth":
+        return auth_init(args)
     directory = home(args.dir)
     if args.command == "up":
         cluster = args.cluster or os.environ.get("RINGMASTER_CLUSTER") or "local"
-        info = local.up(directory, args.nodes, args.gpus_per_node, args.standby, cluster)
+        info = local.up(
+            directory, args.nodes, args.gpus_per_node, args.standby, cluster, auth=args.auth
+        )
         if args.json:
             print(json.dumps({"dir": str(directory), "nats": info.nats, "nodes": info.nodes}))
         else:
@@ -123,17 +144,31 @@ def dispatch(args: argparse.Namespace) -> int:
             print(f"stopped {what}", file=sys.stderr)
         return 0
     url, cluster = resolve(args.nats, args.cluster, args.dir)
-    return asyncio.run(_remote(args, url, cluster, directory))
+    creds = resolve_creds(args.creds, args.dir)
+    return asyncio.run(_remote(args, url, cluster, creds, directory))
 
 
-async def _remote(args: argparse.Namespace, url: str, cluster: str, directory: Path) -> int:
+def auth_init(args: argparse.Namespace) -> int:
+    nodes = [n for n in args.nodes.split(",") if n]
+    coordinators = [c for c in args.coordinators.split(",") if c]
+    try:
+        conf = init_auth(args.out, args.cluster, nodes, coordinators)
+    except ValueError as exc:
+        raise CtlError(str(exc), code=2) from None
+    print(f"wrote {conf} and the creds files in {conf.parent / 'secrets'}", file=sys.stderr)
+    return 0
+
+
+async def _remote(
+    args: argparse.Namespace, url: str, cluster: str, creds: str | None, directory: Path
+) -> int:
     cmd = args.command
     if cmd == "start":
         try:
             spec = load_job(args.jobfile, args.set)
         except JobFileError as exc:
             raise CtlError(str(exc), code=2) from None
-    async with session(url, cluster) as s:
+    async with session(url, cluster, creds) as s:
         if cmd == "start":
             source = str(args.jobfile.resolve())
             reply = await s.ask(

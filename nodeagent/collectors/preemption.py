@@ -105,9 +105,15 @@ class PreemptionCollector:
         except (OSError, HTTPException) as exc:
             self._drop(parts.netloc)
             raise MetadataError(f"{url}: {exc!r}") from None
-        if answer[0] >= 500:
-            raise MetadataError(f"{url}: HTTP {answer[0]}")
-        return answer
+        status, raw, got = answer
+        if status >= 500:
+            raise MetadataError(f"{url}: HTTP {status}")
+        try:
+            # JSON is UTF-8 (RFC 8259): an answer that is not is malformed, and a notice
+            # read from a repaired one would drain a node on a guess.
+            return status, raw.decode(), got
+        except UnicodeDecodeError:
+            raise MetadataError(f"{url}: answer is not UTF-8: {raw[:60]!r}") from None
 
     def _connect(self, parts: SplitResult) -> HTTPConnection:
         kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
@@ -116,11 +122,11 @@ class PreemptionCollector:
 
     def _exchange(
         self, conn: HTTPConnection, parts: SplitResult, method: str, headers: dict[str, str]
-    ) -> tuple[int, str, dict[str, str]]:
+    ) -> tuple[int, bytes, dict[str, str]]:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         conn.request(method, target, headers=headers)
         response = conn.getresponse()
-        body = response.read().decode(errors="replace")
+        body = response.read()
         if response.will_close:
             self._drop(parts.netloc)
         return response.status, body, dict(response.getheaders())

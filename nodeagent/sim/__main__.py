@@ -20,7 +20,6 @@ from pathlib import Path
 
 import anyio
 import msgspec
-import nats
 import structlog
 from nats.aio.msg import Msg
 
@@ -29,6 +28,8 @@ from nodeagent.sim.metadata import MetadataServer
 from nodeagent.sim.node import SimulatedNode
 from proto import subjects
 from proto.api import InjectFault, InjectReply
+from ringmaster import auth
+from ringmaster.bus import connect
 
 log = structlog.get_logger("nodeagent.sim")
 _inject_decoder = msgspec.json.Decoder(InjectFault)
@@ -40,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", required=True, help="comma-separated node ids")
     parser.add_argument("--nats", required=True, help="NATS server URL")
     parser.add_argument("--cluster", required=True, help="cluster name in subjects")
+    parser.add_argument("--creds", help="NATS creds file (else $RINGMASTER_CREDS)")
     parser.add_argument("--tick", type=float, default=0.1, help="seconds between updates")
     parser.add_argument("--nvme-devices", type=int, default=2, help="NVMe namespaces per node")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs per node (stub NVML)")
@@ -117,12 +119,7 @@ async def _run(args: argparse.Namespace, nodes: list[SimulatedNode]) -> None:
 async def _serve(args: argparse.Namespace, nodes: list[SimulatedNode]) -> None:
     """Answer injections until cancelled; keeps retrying the server, as agents do."""
 
-    async def on_error(exc: Exception) -> None:
-        log.warning("nats_error", error=str(exc) or type(exc).__name__)
-
-    nc = await nats.connect(
-        args.nats, name="ringmaster-sim", max_reconnect_attempts=-1, error_cb=on_error
-    )
+    nc = await connect(args.nats, "ringmaster-sim", auth.from_env(args.creds))
     try:
         for node in nodes:
 

@@ -17,17 +17,20 @@ import nats
 import pytest
 from cli_harness import Ctl, eventually
 
+from coordinator.auth import creds_path
 from coordinator.ctl.home import pid_file
 from proto import subjects
 from proto.codec import encode, reply_decoder
 from proto.commands import ReservePort
+from ringmaster.auth import connect_options
 from ringmaster.procs import read_pid
 
 pytestmark = pytest.mark.slow
 
 
-async def stale_command(url: str, epoch: int) -> tuple[bool, str]:
-    nc = await nats.connect(url)
+async def stale_command(url: str, creds: Path, epoch: int) -> tuple[bool, str]:
+    """The deposed leader's command, sent with its own (still valid) creds."""
+    nc = await nats.connect(url, **connect_options(creds))
     msg = await nc.request(subjects.command("local", "node-0"), encode(ReservePort(epoch=epoch)), 5)
     await nc.close()
     reply = reply_decoder.decode(msg.data)
@@ -57,7 +60,7 @@ def test_standby_takes_over_mid_job_without_a_restart(ctl: Ctl, tmp_path: Path) 
     final = ctl.wait(job, lambda s: s["state"] == "completed")
     assert final["restarts"] == 0 and final["step"] == final["target_steps"]
     url = json.loads((ctl.home / "cluster.json").read_text())["nats"]
-    ok, error = asyncio.run(stale_command(url, first["epoch"]))
+    ok, error = asyncio.run(stale_command(url, creds_path(ctl.home, old), first["epoch"]))
     assert not ok and "stale epoch" in error
     refused = ctl.events("--kind", "command.refused")
     assert refused and refused[-1]["epoch"] == first["epoch"]

@@ -1,6 +1,7 @@
-"""``coordinatorctl down`` on a local cluster stops the training ranks it finds through the
-agents' run directories (ranks outlive their agent), then every daemon ``up`` started, and
-leaves no PID file of its own behind."""
+"""``coordinatorctl down`` on a local cluster stops the coordinators and agents first (so
+nobody restarts or launches ranks meanwhile), then the training ranks it finds through the
+agents' run directories (ranks outlive their agent), then the rest, and leaves no PID file
+of its own behind."""
 
 from __future__ import annotations
 
@@ -36,20 +37,27 @@ def detached(procs: list[subprocess.Popen[bytes]], **env: str) -> int:
     return procs[-1].pid
 
 
-def test_down_stops_ranks_then_daemons(
+def test_down_stops_deciders_then_ranks_then_the_rest(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
     rank = detached(procs, **{JOB_ENV: "j1"})
     job = JobDir(agent_run_dir(tmp_path, "node-1"), "j1")
     job.path.mkdir(parents=True)
     job.rank_pid(1).write_text(str(rank))
-    agent = detached(procs)
+    agent, coordinator, sim = detached(procs), detached(procs), detached(procs)
     pids_dir(tmp_path).mkdir()
     pid_file(tmp_path, "nodeagent-node-1").write_text(str(agent))
-    pid_file(tmp_path, "simulator").write_text("999999999")  # long gone
+    pid_file(tmp_path, "coordinator-0").write_text(str(coordinator))
+    pid_file(tmp_path, "simulator").write_text(str(sim))
+    pid_file(tmp_path, "nats-server").write_text("999999999")  # long gone
 
     stopped = down(tmp_path, timeout=5)
 
-    assert stopped == [f"rank j1/rank-1 ({rank})", f"nodeagent-node-1 ({agent})"]
-    assert not pid_alive(rank) and not pid_alive(agent)
+    assert stopped == [
+        f"coordinator-0 ({coordinator})",
+        f"nodeagent-node-1 ({agent})",
+        f"rank j1/rank-1 ({rank})",
+        f"simulator ({sim})",
+    ]
+    assert not any(pid_alive(p) for p in (rank, agent, coordinator, sim))
     assert not list(pids_dir(tmp_path).iterdir())
