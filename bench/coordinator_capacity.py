@@ -280,7 +280,6 @@ class FakeAgents:
         await msg.respond(encode(reply))
 
 
-@dataclass
 def spike_condition(node: str, device: str, latency_us: float, active: bool) -> Condition:
     """What a real agent's NVMe latch attaches to the spike and recovery events."""
     return Condition(
@@ -290,10 +289,11 @@ def spike_condition(node: str, device: str, latency_us: float, active: bool) -> 
         active=active,
         value=latency_us,
         threshold=100.0 if active else 50.0,
-        reason=f"{device} at {latency_us:.0f} µs",
+        reason=f"NVMe {device} on {node} at {latency_us:.0f} µs",  # FakeAgents reads the device
     )
 
 
+@dataclass
 class Sample:
     """Readings at one moment of the window."""
 
