@@ -38,7 +38,6 @@ from proto.events import (
     JobResumed,
     JobStopped,
     JobSubmitted,
-    NodeRefused,
     WorkerExited,
 )
 from proto.job import JobRecord, JobState
@@ -168,7 +167,12 @@ class JobManager:
                 )
                 self._exited_at.setdefault((job.id, job.attempt), time.monotonic())
                 self._dirty.add(job.id)
-            silent = self.registry.silent(job.nodes, time.monotonic())
+            # only a rank's exit asks which nodes are silent (see policy.decide)
+            silent = (
+                self.registry.silent(job.nodes, time.monotonic())
+                if isinstance(event, WorkerExited)
+                else frozenset()
+            )
             for action in policy.decide(job, event, silent):
                 await self.apply(job, action)
 
@@ -245,15 +249,7 @@ class JobManager:
             case policy.RestartJob(reason=reason, exclude=exclude, charged=charged):
                 await self._recover(job, reason, exclude, charged)
             case policy.RefuseNode(node=node, reason=reason):
-                await self.publish(
-                    NodeRefused(
-                        node=node,
-                        job=job.id,
-                        severity=Severity.WARNING,
-                        reason=reason,
-                        message=reason,
-                    )
-                )
+                await self.launcher.explain(job, {node: reason})
             case policy.FinishJob(state=state, reason=reason):
                 await self._finish(job, state, reason)
         self._dirty.add(job.id)

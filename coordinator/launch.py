@@ -51,7 +51,7 @@ class Launcher:
                 self._waiting_logged[job.id] = why
                 log.info("job waiting", job=job.id, why=why)
                 job.reason = why
-                await self._explain(job, adm.skipped)
+                await self.explain(job, adm.skipped)
             return False
         nodes = [n.id for n in adm.chosen]
         reply = await self.cmd.send(nodes[0], ReservePort(job=job.id))
@@ -99,7 +99,7 @@ class Launcher:
         job.reason = ""
         if spec.entry:
             job.state = JobState.RUNNING  # a user's script sends no progress: running now
-        await self._explain(job, adm.skipped)
+        await self.explain(job, adm.skipped)
         await self.save(job)
         await self.publish(self._started(job, restarting, adm.skipped))
         return True
@@ -126,9 +126,10 @@ class Launcher:
             message=message,
         )
 
-    async def _explain(self, job: JobRecord, skipped: dict[str, str]) -> None:
+    async def explain(self, job: JobRecord, skipped: dict[str, str]) -> None:
         """One ``node.refused`` event per node and reason, so ``tail`` says why a node was
-        passed over (busy nodes are not news)."""
+        passed over (busy nodes are not news): at admission, and when the policy refuses
+        a node it measured (a slow link)."""
         told = self._refusals.setdefault(job.id, {})
         for node, reason in skipped.items():
             if told.get(node) != reason and not reason.startswith("busy"):
