@@ -1,7 +1,7 @@
 """Package boundaries: the coordinator and the node agent ship and run apart, so neither
 imports the other; both share only ``proto`` (the wire contract) and ``ringmaster`` (the
-shared runtime). Neither imports the trainer: the agent starts ranks as processes
-(``python -m trainer.worker``), it does not load the trainer's code.
+shared runtime), which import neither. None of them imports the trainer (the agent starts
+ranks as processes, ``python -m trainer.worker``) or torch and its libraries.
 
 Every import counts: ``import x`` and ``from x import y``, at module level or inside a
 function, absolute or relative (resolved against the importing module's package)."""
@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The control plane runs on machines (and in processes) without a training stack: it never
+# imports torch or the libraries built on it.
+TRAINING_STACK = ("torch", "deepspeed", "torchao")
 FORBIDDEN = {
-    "coordinator": ("nodeagent", "trainer"),
-    "nodeagent": ("coordinator", "trainer"),
+    "coordinator": ("nodeagent", "trainer", *TRAINING_STACK),
+    "nodeagent": ("coordinator", "trainer", *TRAINING_STACK),
+    "proto": ("coordinator", "nodeagent", "trainer", *TRAINING_STACK),
+    "ringmaster": ("coordinator", "nodeagent", "trainer", *TRAINING_STACK),
 }
 
 
