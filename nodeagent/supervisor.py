@@ -25,7 +25,7 @@ from proto.commands import Launch
 from proto.events import EventBase, Severity, WorkerExited
 from proto.job import shm_staging_name
 from proto.progress import Progress
-from ringmaster.rundir import JOB_ENV, JobDir, compile_cache
+from ringmaster.rundir import JOB_ENV, SIM_KNOBS_ENV, JobDir, compile_cache, sim_knobs
 
 log = structlog.get_logger()
 EventSink = Callable[[EventBase], Awaitable[None]]
@@ -108,6 +108,8 @@ class Supervisor:
                 "RINGMASTER_NODE": self.node,
                 "RINGMASTER_SIMULATED": "1" if self.simulated else "0",
             }
+            if self.simulated:
+                env[SIM_KNOBS_ENV] = str(sim_knobs(self.run_dir))
             logf = jobdir.rank_log(spec.rank).open("ab")
             try:
                 proc = await asyncio.create_subprocess_exec(

@@ -159,6 +159,33 @@ class WorkerExited(EventBase, tag="worker.exited"):
     signal: int | None = None
 
 
+class WorkerHung(EventBase, tag="worker.hung"):
+    """A rank stopped making progress without exiting, found by its node's agent from the
+    rank's own beat (:mod:`ringmaster.rankbeat`). ``rank`` and ``node`` name the culprit:
+    ranks merely blocked in a collective with it are victims and are not reported."""
+
+    rank: int = 0
+    attempt: int = 0
+    pid: int = 0
+    step: int = 0  # the last step the rank completed
+    stalled_s: float = 0.0  # seconds without progress when it was judged hung
+    threshold_s: float = 0.0  # what it was judged against
+    evidence: str = ""  # what marks it as the culprit (process stopped, beat silent, …)
+    stacks: str = ""  # its Python stacks (faulthandler), when they could be captured
+
+
+class WorkerStraggler(EventBase, tag="worker.straggler"):
+    """A rank persistently slower than its peers over a window of steps."""
+
+    rank: int = 0
+    attempt: int = 0
+    step: int = 0
+    step_s: float = 0.0  # the rank's median compute seconds per step over the window
+    peer_median_s: float = 0.0
+    ratio: float = 0.0  # step_s / peer_median_s
+    window_steps: int = 0
+
+
 class JobSubmitted(EventBase, tag="job.submitted"):
     name: str = ""
     nodes: int = 0
@@ -210,6 +237,34 @@ class JobRestarted(EventBase, tag="job.restarted"):
     from_step: int = 0
 
 
+class JobShrunk(EventBase, tag="job.shrunk"):
+    """The job continues on fewer nodes than it asked for (none healthy to replace one)."""
+
+    world_size: int = 0
+    previous_world_size: int = 0
+    nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class JobGrown(EventBase, tag="job.grown"):
+    """A shrunk job grows back toward the nodes it asked for."""
+
+    world_size: int = 0
+    previous_world_size: int = 0
+    nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class JobRewound(EventBase, tag="job.rewound"):
+    """A numeric fault: the job went back to its newest good checkpoint and skips the
+    batches that led to the fault."""
+
+    from_step: int = 0  # the step whose loss or gradient norm was bad
+    to_step: int = 0  # the checkpoint it went back to
+    skip_from: int = 0  # data of steps [skip_from, skip_to) is skipped
+    skip_to: int = 0
+    reason: str = ""
+    rewinds: int = 0  # how many this job has had
+
+
 class JobCompleted(EventBase, tag="job.completed"):
     step: int = 0
 
@@ -255,6 +310,8 @@ Event = (
     | ClockResynced
     | SpotNotice
     | WorkerExited
+    | WorkerHung
+    | WorkerStraggler
     | JobSubmitted
     | JobStarted
     | JobBandwidth
@@ -263,6 +320,9 @@ Event = (
     | JobCheckpointed
     | JobRecovering
     | JobRestarted
+    | JobShrunk
+    | JobGrown
+    | JobRewound
     | JobCompleted
     | JobFailed
     | JobStopped

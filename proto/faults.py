@@ -84,6 +84,38 @@ class KillAgentFault(msgspec.Struct, frozen=True):
         return "kill-agent"
 
 
+class LoseNodeFault(msgspec.Struct, frozen=True):
+    """The machine dies: its agent and every rank at once, no goodbye."""
+
+    def __str__(self) -> str:
+        return "lose-node"
+
+
+class HangFault(msgspec.Struct, frozen=True):
+    """A rank stops (SIGSTOP): nothing exits. ``rank`` None: the node's lowest rank."""
+
+    rank: int | None = None
+
+    def __str__(self) -> str:
+        return "hang" + (f"={self.rank}" if self.rank is not None else "")
+
+
+class SlowFault(msgspec.Struct, frozen=True):
+    """The node's ranks compute ``factor`` times slower (a straggler); 1 is normal speed."""
+
+    factor: float
+
+    def __str__(self) -> str:
+        return f"slow={self.factor:g}"
+
+
+class NanLossFault(msgspec.Struct, frozen=True):
+    """The next step's loss on the node's ranks is not finite."""
+
+    def __str__(self) -> str:
+        return "nan-loss"
+
+
 class ClearFault(msgspec.Struct, frozen=True):
     def __str__(self) -> str:
         return "clear"
@@ -99,8 +131,26 @@ Fault = (
     | LinkFault
     | KillWorkerFault
     | KillAgentFault
+    | LoseNodeFault
+    | HangFault
+    | SlowFault
+    | NanLossFault
     | ClearFault
 )
+
+# Faults that act on the node's processes, not its simulated hardware: coordinatorctl
+# carries them out itself, on the local cluster's files (see coordinator/ctl/inject.py).
+PROCESS_FAULTS = (KillWorkerFault, KillAgentFault, LoseNodeFault, HangFault, SlowFault, NanLossFault)
+
+
+class SimKnobs(msgspec.Struct, kw_only=True):
+    """What a simulated node's ranks read each step from ``$RINGMASTER_SIM_KNOBS``
+    (``ringmaster.rundir.sim_knobs``): rehearsal-only knobs, ignored on real nodes.
+    ``nan_loss`` counts requests: a rank makes one step's loss non-finite for each
+    increase it sees."""
+
+    slow: float = 1.0
+    nan_loss: int = 0
 
 # name → the form it expects, quoted in every error so the operator sees the fix.
 FORMS = {
@@ -113,11 +163,19 @@ FORMS = {
     "link": "link=<gpuA>-<gpuB>:<NV#|PHB|SYS|NODE|PIX|PXB> with gpuA != gpuB",
     "kill-worker": "kill-worker",
     "kill-agent": "kill-agent",
+    "lose-node": "lose-node",
+    "hang": "hang[=<rank>]",
+    "slow": "slow=<factor> with 1 <= factor <= 1000",
+    "nan-loss": "nan-loss",
     "clear": "clear",
 }
-_BARE: dict[str, type[KillWorkerFault | KillAgentFault | ClearFault]] = {
+_BARE: dict[
+    str, type[KillWorkerFault | KillAgentFault | LoseNodeFault | NanLossFault | ClearFault]
+] = {
     "kill-worker": KillWorkerFault,
     "kill-agent": KillAgentFault,
+    "lose-node": LoseNodeFault,
+    "nan-loss": NanLossFault,
     "clear": ClearFault,
 }
 
@@ -136,6 +194,12 @@ def parse_fault(text: str) -> Fault:
             if sep:
                 raise _Bad("takes no value")
             return _BARE[name]()
+        if name == "hang":
+            if not sep:
+                return HangFault()
+            if not (value.isascii() and value.isdigit()) or len(value) > 9:
+                raise _Bad(f"rank {value!r} is not a rank number")
+            return HangFault(rank=int(value))
         if not value:
             raise _Bad("missing value")
         return _parse_valued(name, value)
@@ -157,6 +221,8 @@ def _parse_valued(name: str, value: str) -> Fault:
         return ClockOffsetFault(offset_ms=_number(value))
     if name == "spot-notice":
         return SpotNoticeFault(deadline_s=_number(value, low=0.0))
+    if name == "slow":
+        return SlowFault(factor=_number(value, low=1.0, high=1000.0))
     number, at, target = value.partition("@")
     if at and not target:
         raise _Bad("nothing after '@'")

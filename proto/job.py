@@ -36,6 +36,11 @@ class JobSection(Config):
     # cache priming); a non-zero exit fails that launch. Relative to the job file.
     pre_start: str | None = None
     pre_start_timeout_s: PositiveFloat = 300.0
+    # Data-parallel jobs may continue on fewer nodes, down to this many, when a node is
+    # lost and no healthy one can replace it (and grow back later). Unset: ``nodes``.
+    min_nodes: Positive | None = None
+    # Healthy nodes held for this job beyond ``nodes``, ready to replace a lost one.
+    spares: NonNegative = 0
 
 
 class TrainSection(Config):
@@ -89,6 +94,22 @@ class PolicySection(Config):
     # The preflight bandwidth check refuses a node whose bus bandwidth is under this
     # fraction of the median of its peers' (three nodes and more).
     min_bandwidth_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
+    # A job that cannot run (too few healthy nodes) fails after waiting this long.
+    wait_for_nodes_s: PositiveFloat = 600.0
+    # A rank is hung when it makes no progress for max(hang_step_factor × its median
+    # step time, hang_floor_s) outside start-up, checkpoints and pauses.
+    hang_step_factor: PositiveFloat = 3.0
+    hang_floor_s: PositiveFloat = 3.0
+    # A straggler: its median compute time per step over straggler_window_steps steps is
+    # over straggler_ratio × the median of its peers'.
+    straggler_ratio: Annotated[float, msgspec.Meta(gt=1)] = 1.5
+    straggler_window_steps: Annotated[int, msgspec.Meta(ge=3)] = 20
+    # Numeric faults (non-finite loss, gradient-norm explosion): rewind to the newest
+    # good checkpoint at most this many times, then fail the job with the evidence.
+    max_rewinds: NonNegative = 3
+    # A gradient norm over this many times the median of the recent steps' is an
+    # explosion.
+    grad_norm_spike: Annotated[float, msgspec.Meta(gt=1)] = 50.0
 
 
 class AlertsSection(Config):
@@ -171,6 +192,11 @@ class JobRecord(msgspec.Struct, kw_only=True):
     finished: str = ""  # rank 0's own word on how training ended: completed | stopped
     excluded: list[str] = msgspec.field(default_factory=list)
     failed_at_step: int = 0  # the step reached before the last restart (for lost_work)
+    rewinds: int = 0  # numeric faults the job went back from (job.rewound)
+    # hangs found per node (worker.hung): a node whose ranks hang twice is left out
+    hangs: dict[str, int] = msgspec.field(default_factory=dict)
+    # since when the job has waited for enough healthy nodes (policy.wait_for_nodes_s)
+    waiting_since: float | None = None
     exited_ranks: dict[str, int] = msgspec.field(default_factory=dict)
     submitted_at: float = 0.0
     started_at: float | None = None

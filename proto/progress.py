@@ -62,7 +62,27 @@ class BandwidthChecked(ProgressBase, tag="bandwidth"):
     seconds: float = 0.0  # what the check cost
 
 
-Progress = StepDone | Paused | Resumed | Checkpointed | Finished | BandwidthChecked
+class Rewound(ProgressBase, tag="rewound"):
+    """Every rank went back to the checkpoint of step ``step`` after a numeric fault at
+    ``from_step``; the data of steps [skip_from, skip_to) will be skipped."""
+
+    from_step: int = 0
+    skip_from: int = 0
+    skip_to: int = 0
+    reason: str = ""
+
+
+class Stragglers(ProgressBase, tag="stragglers"):
+    """Rank 0's view of each rank's compute seconds per step (before any collective),
+    medians over the last ``window_steps`` steps, by rank."""
+
+    rank_step_s: list[float] = msgspec.field(default_factory=list)
+    window_steps: int = 0
+
+
+Progress = (
+    StepDone | Paused | Resumed | Checkpointed | Finished | BandwidthChecked | Rewound | Stragglers
+)
 
 
 def slow_nodes(node_gbps: Mapping[str, float], ratio: float) -> dict[str, float]:

@@ -3,6 +3,7 @@
 ::
 
     <run_dir>/epoch                     the newest leader epoch seen (command fencing)
+    <run_dir>/sim-knobs.json            rehearsal knobs of a simulated node (inject)
     <run_dir>/jobs/<job>/spec.json      the job spec the ranks read ($RINGMASTER_JOB_SPEC)
     <run_dir>/jobs/<job>/rank-<r>.pid   rank r's PID, also its process group's id
     <run_dir>/jobs/<job>/rank-<r>.log   rank r's stdout and stderr
@@ -36,6 +37,15 @@ _SOCKET_PATH_MAX = 100
 
 def epoch_file(run_dir: Path) -> Path:
     return run_dir / "epoch"
+
+
+SIM_KNOBS_ENV = "RINGMASTER_SIM_KNOBS"  # set on ranks of simulated nodes only
+
+
+def sim_knobs(run_dir: Path) -> Path:
+    """A simulated node's rehearsal knobs (``proto.faults.SimKnobs``): written by
+    ``coordinatorctl inject`` (``slow``, ``nan-loss``), read by the node's ranks."""
+    return run_dir / "sim-knobs.json"
 
 
 def compile_cache(run_dir: Path) -> Path:
