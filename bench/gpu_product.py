@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ringmaster.procs import read_pid
 from trainer.presets import get_preset, param_count
 
 TERMINAL = ("completed", "failed", "stopped")
@@ -51,6 +52,10 @@ class Job:
     finish: bool = False
     cold_cache: bool = False
     fp8_recipe: str = "auto"
+    # SIGKILL the rank once this step is durable, and time the restart: the seconds from
+    # the kill to the first step of the next attempt (rank 0's log, ``wall=``)
+    kill_at: int | None = None
+    seq_len: int | None = None  # the plan's, unless the preset needs shorter
 
 
 @dataclass(frozen=True)
@@ -84,8 +89,10 @@ def plan(smoke: bool) -> tuple[Settings, list[Job]]:
             Job("tiny-bf16", "tiny", "bf16", steps=8, every_steps=3, finish=True, cold_cache=True),
             Job("tiny-bf16-restart", "tiny", "bf16", steps=3),
             Job("tiny-fp8", "tiny", "fp8", steps=6, fp8_recipe="tensorwise"),
+            Job("tiny-fp8-kill", "tiny", "fp8", steps=8, every_steps=3, kill_at=3),
         ]
     return Settings(seq_len=2048, micro_batch=8), [
+        Job("350m-fp8-kill", "350m", "fp8", steps=30, every_steps=10, kill_at=10, seq_len=1024),
         Job("1b3-bf16", "1b3", "bf16", steps=36, every_steps=12, finish=True, cold_cache=True),
         Job("1b3-bf16-restart", "1b3", "bf16", steps=3),
         Job("1b3-fp8", "1b3", "fp8", steps=20),
@@ -106,7 +113,7 @@ def job_toml(job: Job, settings: Settings, checkpoint_dir: Path, cache: Path) ->
         "zero_stage": settings.zero_stage,
         "micro_batch_size": settings.micro_batch,
         "auto_micro_batch": settings.auto_micro_batch,
-        "seq_len": settings.seq_len,
+        "seq_len": job.seq_len or settings.seq_len,
         "compile": settings.compile,
         "log_every": 1,
     }
@@ -114,7 +121,7 @@ def job_toml(job: Job, settings: Settings, checkpoint_dir: Path, cache: Path) ->
         "job": {"name": job.label, "nodes": 1, "gpus_per_node": 1, "env": env},
         "train": train,
         "checkpoint": {"every_steps": job.every_steps, "dir": str(checkpoint_dir), "keep": 1},
-        "policy": {"max_restarts": 0},
+        "policy": {"max_restarts": 1 if job.kill_at else 0},
     }
     lines = []
     for name, values in sections.items():
@@ -195,11 +202,12 @@ class Cluster:
     def job_files(self, job: str, pattern: str) -> list[Path]:
         return sorted(self.home.glob(f"nodes/*/agent/jobs/{job}/{pattern}"))
 
-    def end(self, job: str) -> None:
-        """SIGTERM the job's ranks (their process groups), as a failure would."""
+    def end(self, job: str, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Signal the job's ranks (their process groups), as a failure would."""
         for pidfile in self.job_files(job, "rank-*.pid"):
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                os.killpg(int(pidfile.read_text()), signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if (pid := read_pid(pidfile)) is not None:
+                    os.killpg(pid, sig)
 
 
 def run_job(
@@ -212,9 +220,17 @@ def run_job(
     path.write_text(job_toml(job, settings, ckpt_root / job.label, cache))
     started = time.monotonic()
     job_id = cluster("start", str(path)).strip()
-    ended_by, ended_at = None, 0.0
+    ended_by, ended_at, killed_at = None, 0.0, None
     while (status := cluster.status(job_id))["state"] not in TERMINAL:
-        if ended_by is None and not job.finish and status["step"] >= job.steps:
+        durable = status.get("last_checkpoint_step") or 0
+        if job.kill_at and killed_at is None and time.monotonic() < deadline:
+            if durable >= job.kill_at:
+                killed_at = time.time()
+                cluster.end(job_id, signal.SIGKILL)
+            time.sleep(0.1)
+            continue  # not ended before the kill, nor before the next attempt trains
+        restarted = not job.kill_at or _trained_again(cluster, job_id, killed_at)
+        if ended_by is None and not job.finish and status["step"] >= job.steps and restarted:
             ended_by = "bench, at its step count"
         elif ended_by is None and time.monotonic() > deadline:
             ended_by = "bench, at the deadline"
@@ -243,7 +259,44 @@ def run_job(
         "later_stall_s": statistics.median(s for _, s in stalls[1:]) if stalls[1:] else None,
         "goodput": status.get("goodput"),
         "rank0_log_tail": text.splitlines()[-3:] if status["state"] == "failed" else [],
+        **({"restart": restart_figures(text, killed_at)} if job.kill_at else {}),
     }
+
+
+def _trained_again(cluster: Cluster, job_id: str, killed_at: float | None) -> bool:
+    """The next attempt's rank 0 has logged a step since the kill."""
+    logs = cluster.job_files(job_id, "rank-0.log")
+    text = logs[0].read_text(errors="replace") if logs else ""
+    return restart_figures(text, killed_at).get("seconds_to_next_step") is not None
+
+
+def restart_figures(text: str, killed_at: float | None) -> dict[str, Any]:
+    """From rank 0's log (every line has ``wall=``): the seconds from the kill to each
+    phase of the next attempt's rank 0 and to its first step, and the steps redone."""
+    if killed_at is None:
+        return {"error": "the rank was never killed (no durable checkpoint at kill_at)"}
+    out: dict[str, Any] = {}
+    before = 0
+    for line in text.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+        if "wall" not in fields:
+            continue
+        wall, event = float(fields["wall"]), fields.get("event", "")
+        if wall <= killed_at:
+            before = int(fields["step"]) if event == "step" else before
+            continue
+        if event == "start":
+            out.setdefault("resumed_from", int(fields.get("step", 0)))
+        elif event == "step" and "resumed_from" not in out:
+            continue  # the killed process's last words, not the next attempt's
+        key = f"{event}_s"
+        if event in ("started", "process_group", "model_built", "model", "start", "step"):
+            out.setdefault(key, round(wall - killed_at, 2))
+        if event == "step":
+            break
+    out["seconds_to_next_step"] = out.get("step_s")
+    out["steps_redone"] = before - out["resumed_from"] if "resumed_from" in out else None
+    return out
 
 
 def checkpoint_root(base: Path, jobs: list[Job]) -> Path:

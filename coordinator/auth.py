@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proto import subjects
-from proto.events import CommandRefused, CoordinatorLeader, EventBase, WorkerExited
+from proto.events import CommandRefused, CoordinatorLeader, EventBase, WorkerExited, WorkerHung
 from ringmaster.auth import Creds, save
 
 JS = "$JS.API"
@@ -81,9 +81,10 @@ def leader_event(cluster: str) -> str:
 
 def agent(cluster: str, node: str) -> Permissions:
     """Its own node's events, heartbeat and commands. Job-scoped events carry no node in
-    their subject, so an agent may publish the two job kinds agents emit for any job."""
+    their subject, so an agent may publish the job kinds agents emit for any job."""
     job_kinds = [
-        subjects.event(cluster, "job", "*", _kind(e)) for e in (WorkerExited, CommandRefused)
+        subjects.event(cluster, "job", "*", _kind(e))
+        for e in (WorkerExited, WorkerHung, CommandRefused)
     ]
     return Permissions(
         publish=[

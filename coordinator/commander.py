@@ -42,9 +42,11 @@ class Commander:
                 subjects.command(self.cluster, node), encode(cmd), timeout=timeout
             )
         except TimeoutError:
-            return CommandReply(ok=False, node=node, error=f"node {node} did not answer in time")
+            return CommandReply(
+                ok=False, node=node, error=f"node {node} did not answer in time", answered=False
+            )
         except NatsError as exc:
-            return CommandReply(ok=False, node=node, error=f"node {node}: {exc}")
+            return CommandReply(ok=False, node=node, error=f"node {node}: {exc}", answered=False)
         try:
             return reply_decoder.decode(msg.data)
         except msgspec.DecodeError as exc:

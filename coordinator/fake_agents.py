@@ -29,7 +29,9 @@ class FakeAgents:
 
     def handle(self, node: str, cmd: CommandBase) -> CommandReply:
         if node in self.down:
-            return CommandReply(ok=False, node=node, error=f"node {node} did not answer in time")
+            return CommandReply(
+                ok=False, node=node, error=f"node {node} did not answer in time", answered=False
+            )
         seen = self.epoch_seen.get(node, 0)
         if cmd.epoch < seen:
             self.refused.append((node, cmd))

@@ -2,7 +2,10 @@
 
 Wall time since the last accounting, times the job's world size, goes to the bucket of the
 job's current state. Checkpoint stalls reported by rank 0 are moved from ``productive`` to
-``checkpoint_stall`` as they arrive (see :meth:`JobManager.on_progress`).
+``checkpoint_stall`` as they arrive (see :meth:`JobManager.on_progress`). The
+``checkpointing`` state (a checkpoint requested, not yet durable) is productive time: the
+ranks train on while it persists in the background, and only the stall they report — the
+time training was actually blocked — is a checkpoint's cost.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ BUCKET_OF_STATE = {
     JobState.STARTING: "startup",
     JobState.RUNNING: "productive",
     JobState.PAUSED: "paused",
-    JobState.CHECKPOINTING: "checkpoint_stall",
+    JobState.CHECKPOINTING: "productive",
     JobState.RECOVERING: "recovery",
 }
 
@@ -26,6 +29,8 @@ def account(job: JobRecord, now: float) -> None:
     bucket = BUCKET_OF_STATE.get(job.state)
     if job.state is JobState.STARTING and job.restarts:
         bucket = "recovery"  # a relaunch after a fault is recovery, not start-up
+    elif bucket == "productive" and job.finished:
+        bucket = "idle"  # rank 0 has said training ended: the ranks are only exiting
     gpus = job.world_size
     if bucket is None or gpus == 0 or now <= last:
         return
@@ -52,3 +57,16 @@ def charge_lost_work(job: JobRecord, resumed_at_step: int) -> None:
     take = min(redo * per_step, job.goodput.get("productive", 0.0))
     job.goodput["productive"] -= take
     job.goodput["lost_work"] = job.goodput.get("lost_work", 0.0) + take
+
+
+def charge_detection(job: JobRecord, now: float) -> None:
+    """A restart: the time since the ranks' last step (``job.last_step_at``) was counted
+    as productive while the fault went unnoticed (a hang found seconds later, a dead peer
+    found by its exit), but nothing trained in it: it is recovery."""
+    if job.last_step_at is None or job.state not in (JobState.RUNNING, JobState.CHECKPOINTING):
+        return
+    account(job, now)
+    gpu_s = max(0.0, now - job.last_step_at) * job.world_size
+    take = min(gpu_s, job.goodput.get("productive", 0.0))
+    job.goodput["productive"] = job.goodput.get("productive", 0.0) - take
+    job.goodput["recovery"] = job.goodput.get("recovery", 0.0) + take

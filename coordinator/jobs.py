@@ -20,43 +20,33 @@ import structlog
 from coordinator import policy
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
-from coordinator.goodput import account, charge_lost_work, move_stall
+from coordinator.goodput import account
+from coordinator.job_progress import ProgressInputs
 from coordinator.jobstore import JobStore
 from coordinator.launch import Launcher
+from coordinator.recovery import Recovery, grow_reason
 from coordinator.registry import Registry
 from proto.api import ApiReply, JobControl, SubmitJob
 from proto.commands import CheckpointNow, Pause, Resume, ResyncClock, Stop
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import (
     EventBase,
-    JobBandwidth,
-    JobCheckpointed,
     JobCompleted,
     JobFailed,
-    JobPaused,
-    JobRecovering,
-    JobResumed,
     JobStopped,
     JobSubmitted,
+    NodeLost,
     WorkerExited,
+    WorkerHung,
 )
 from proto.job import JobRecord, JobState
-from proto.progress import (
-    BandwidthChecked,
-    Checkpointed,
-    Finished,
-    Paused,
-    Progress,
-    Resumed,
-    StepDone,
-)
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
 OVERDUE_S = 5.0  # clean exits without rank 0's final word: failed after this long
 
 
-class JobManager:
+class JobManager(ProgressInputs):
     def __init__(
         self, store: CasStore, commander: CommandSender, registry: Registry, publish: Publish
     ) -> None:
@@ -66,6 +56,9 @@ class JobManager:
         self.publish = publish
         self.jobs: dict[str, JobRecord] = {}
         self.launcher = Launcher(commander, registry, publish, self.save)
+        self.recovery = Recovery(commander, registry, publish, self.save)
+        self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
+        self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
         self._dirty: set[str] = set()
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}
@@ -107,6 +100,8 @@ class JobManager:
             spec=spec,
             workdir=req.workdir,
             target_steps=spec.train.steps,
+            resume_step=req.resume_step,
+            resume_job=req.resume_job,
             submitted_at=time.time(),
         )
         self.jobs[job_id] = job
@@ -159,67 +154,49 @@ class JobManager:
             for action in policy.on_node_condition(event.condition):
                 await self.apply(None, action)
         for job in list(self.jobs.values()):
-            if isinstance(event, WorkerExited) and event.job == job.id:
+            if isinstance(event, WorkerExited | WorkerHung) and event.job == job.id:
                 if event.attempt != job.attempt:
                     continue
-                job.exited_ranks[str(event.rank)] = (
-                    event.exit_code if event.exit_code is not None else -(event.signal or 0)
-                )
-                self._exited_at.setdefault((job.id, job.attempt), time.monotonic())
-                self._dirty.add(job.id)
-            # only a rank's exit asks which nodes are silent (see policy.decide)
-            silent = (
-                self.registry.silent(job.nodes, time.monotonic())
-                if isinstance(event, WorkerExited)
-                else frozenset()
-            )
-            for action in policy.decide(job, event, silent):
+                self._record(job, event)
+            silent: frozenset[str] = frozenset()
+            if self._failed_rank(job, event):
+                # only a rank's failure asks which nodes are gone (see policy.decide)
+                now = time.monotonic()
+                silent = self.registry.silent(job.nodes, now) | await self.recovery.unreachable(job)
+            progressing = self._stepped_since_silent(job, event)
+            for action in policy.decide(job, event, silent, progressing=progressing):
                 await self.apply(job, action)
 
-    async def on_progress(self, msg: Progress) -> None:
-        job = self.jobs.get(msg.job)
-        if job is None or job.state.terminal:
-            return
+    def _record(self, job: JobRecord, event: WorkerExited | WorkerHung) -> None:
+        if isinstance(event, WorkerHung):
+            node = event.node or "?"
+            job.hangs[node] = job.hangs.get(node, 0) + 1
+        else:
+            code = event.exit_code if event.exit_code is not None else -(event.signal or 0)
+            job.exited_ranks[str(event.rank)] = code
+            self._exited_at.setdefault((job.id, job.attempt), time.monotonic())
         self._dirty.add(job.id)
-        match msg:
-            case StepDone(step=step, loss=loss):
-                if job.state is JobState.STARTING:
-                    job.state = JobState.RUNNING
-                    job.first_step_at = job.first_step_at or time.time()
-                    if job.restarts:
-                        charge_lost_work(job, step - 1)
-                job.step, job.loss = step, loss
-                job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
-                if msg.compile_s is not None:
-                    job.compile_s = msg.compile_s
-            case Paused(step=step):
-                job.state, job.step = JobState.PAUSED, max(job.step, step)
-                job.pauses += 1
-                why = ", ".join(job.pause_reasons) or "operator"
-                await self.publish(JobPaused(job=job.id, step=step, reason=why, message=why))
-            case Resumed(step=step):
-                job.state = JobState.RUNNING
-                await self.publish(JobResumed(job=job.id, step=step, message=f"step {step}"))
-            case Checkpointed(step=step, path=path, stall_s=stall):
-                job.last_checkpoint_step = step
-                if job.state is JobState.CHECKPOINTING:
-                    job.state = JobState.RUNNING
-                move_stall(job, stall)
-                await self.publish(
-                    JobCheckpointed(
-                        job=job.id,
-                        step=step,
-                        path=path,
-                        stall_s=stall,
-                        message=f"step {step} durable at {path} (training blocked {stall:.3f} s)",
-                    )
-                )
-            case Finished(outcome=outcome, step=step):
-                job.finished, job.step = outcome, max(job.step, step)
-                for action in policy.all_exited(job):
-                    await self.apply(job, action)
-            case BandwidthChecked():
-                await self._bandwidth(job, msg)
+
+    @staticmethod
+    def _failed_rank(job: JobRecord, event: EventBase) -> bool:
+        return (
+            isinstance(event, WorkerExited)
+            and event.job == job.id
+            and event.attempt == job.attempt
+            and event.exit_code != 0
+            and job.state in policy.LIVE
+            and not job.stopping
+            and not job.finished
+        )
+
+    def _stepped_since_silent(self, job: JobRecord, event: EventBase) -> bool:
+        """For a node declared lost: rank 0 reported a step after the node had already
+        missed beats, so the job's ranks, that node's included, still step together."""
+        node = self.registry.nodes.get(event.node or "")
+        if not isinstance(event, NodeLost) or node is None:
+            return False
+        overdue = node.last_seen + 1.5 * node.interval_s
+        return self._stepped_at.get(job.id, -1e18) > overdue
 
     # -- actions ----------------------------------------------------------------------
 
@@ -246,8 +223,12 @@ class JobManager:
                     await self._to_rank0(job, Resume(job=job.id, reason=reason))
             case policy.CheckpointJob(reason=reason):
                 await self._checkpoint(job, reason)
-            case policy.RestartJob(reason=reason, exclude=exclude, charged=charged):
-                await self._recover(job, reason, exclude, charged)
+            case policy.RestartJob(
+                reason=reason, exclude=exclude, charged=charged, graceful=graceful
+            ):
+                await self.recovery.restart(job, reason, exclude, charged, graceful)
+            case policy.ReportStraggler():
+                await self._straggler(job, action)
             case policy.RefuseNode(node=node, reason=reason):
                 await self.launcher.explain(job, {node: reason})
             case policy.FinishJob(state=state, reason=reason):
@@ -285,44 +266,6 @@ class JobManager:
             job.nodes, lambda: Stop(job=job.id, reason=reason, grace_s=grace), grace + 15
         )
 
-    async def _bandwidth(self, job: JobRecord, msg: BandwidthChecked) -> None:
-        """Publish the preflight figures, then let the policy refuse slow nodes."""
-        actions = policy.on_bandwidth(job, msg)
-        refused = sorted(a.node for a in actions if isinstance(a, policy.RefuseNode))
-        figures = ", ".join(f"{node} {gbps:.1f}" for node, gbps in msg.node_gbps.items())
-        await self.publish(
-            JobBandwidth(
-                job=job.id,
-                severity=Severity.WARNING if refused else Severity.INFO,
-                node_gbps=msg.node_gbps,
-                median_gbps=msg.median_gbps,
-                slow=refused,
-                message=f"bus bandwidth GB/s: {figures} (median {msg.median_gbps:.1f})",
-            )
-        )
-        for action in actions:
-            await self.apply(job, action)
-
-    async def _recover(
-        self, job: JobRecord, reason: str, exclude: tuple[str, ...], charged: bool = True
-    ) -> None:
-        job.state, job.reason = JobState.RECOVERING, reason
-        if charged:
-            job.restarts += 1
-        job.failed_at_step = job.step
-        job.excluded = sorted({*job.excluded, *exclude})
-        await self.save(job)
-        await self.publish(
-            JobRecovering(
-                job=job.id,
-                severity=Severity.WARNING,
-                reason=reason,
-                restarts=job.restarts,
-                message=reason,
-            )
-        )
-        await self.cmd.send_all(job.nodes, lambda: Stop(job=job.id, reason=reason, force=True))
-
     async def _finish(self, job: JobRecord, state: JobState, reason: str) -> None:
         if job.state.terminal:
             return
@@ -349,10 +292,16 @@ class JobManager:
                 continue
             account(job, now)
             self._dirty.add(job.id)
+            if job.id in self.recovery.held:
+                continue  # its last attempt is still stopping
             if job.state in (JobState.PENDING, JobState.RECOVERING) and not job.stopping:
+                for action in policy.waited_too_long(job, now):
+                    await self.apply(job, action)
                 task = self._starting.get(job.id)
-                if task is None or task.done():
+                if not job.state.terminal and (task is None or task.done()):
                     self._starting[job.id] = asyncio.create_task(self._start_logged(job))
+            elif why := grow_reason(job, self._free(job), now):
+                await self.apply(job, policy.RestartJob(why, charged=False, graceful=True))
             exited = self._exited_at.get((job.id, job.attempt))
             if exited is not None and time.monotonic() - exited > OVERDUE_S:
                 for action in policy.overdue(job):
@@ -362,15 +311,29 @@ class JobManager:
     async def start_pending(self, job: JobRecord) -> None:
         """One try at starting the job's next attempt. A relaunch re-applies the pause
         reasons that still hold."""
-        busy = {
+        if await self.launcher.start(job, self._busy(job)):
+            for action in policy.relaunched(job, self.registry.active(job.nodes)):
+                await self.apply(job, action)
+
+    def _busy(self, job: JobRecord) -> set[str]:
+        """Nodes other live jobs run on or hold as spares."""
+        return {
             n
             for j in self.jobs.values()
             if j.id != job.id and not j.state.terminal
-            for n in j.nodes
+            for n in (*j.nodes, *j.spare_nodes)
         }
-        if await self.launcher.start(job, busy):
-            for action in policy.relaunched(job, self.registry.active(job.nodes)):
-                await self.apply(job, action)
+
+    def _free(self, job: JobRecord) -> list[str]:
+        """Healthy nodes ``job`` could grow onto: its spares first, then unused ones."""
+        busy, now = self._busy(job) | set(job.nodes) | set(job.excluded), time.monotonic()
+        silent = self.registry.silent(list(self.registry.nodes), now)
+        free = [
+            i
+            for i, n in self.registry.nodes.items()
+            if n.healthy and i not in busy and i not in silent
+        ]
+        return sorted(free, key=lambda i: (i not in job.spare_nodes, i))
 
     async def _start_logged(self, job: JobRecord) -> None:
         try:

@@ -14,10 +14,19 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from coordinator.commander import CommandSender
+from coordinator.policy import minimum_nodes
 from coordinator.registry import Registry
 from coordinator.rendezvous import admit, plan
 from proto.commands import Launch, ReservePort, Stop
-from proto.events import EventBase, JobRestarted, JobStarted, NodeRefused, Severity
+from proto.events import (
+    EventBase,
+    JobGrown,
+    JobRestarted,
+    JobShrunk,
+    JobStarted,
+    NodeRefused,
+    Severity,
+)
 from proto.job import JobRecord, JobState
 
 log = structlog.get_logger()
@@ -34,17 +43,25 @@ class Launcher:
         self._refusals: dict[str, dict[str, str]] = {}
 
     async def start(self, job: JobRecord, busy: set[str]) -> bool:
-        """One try at starting ``job``'s next attempt; True when every node launched."""
+        """One try at starting ``job``'s next attempt; True when every node launched.
+        A restart may run on fewer nodes, down to ``[job] min_nodes`` (a data-parallel
+        job shrinks rather than wait), and holds ``[job] spares`` more for the next one."""
         spec = job.spec.job
+        restarting = job.state is JobState.RECOVERING
+        minimum = minimum_nodes(job)
         adm = admit(
             list(self.registry.nodes.values()),
             spec.nodes,
             spec.gpus_per_node,
             busy,
             set(job.excluded),
+            minimum=minimum,
+            spares=spec.spares,
         )
         if not adm.chosen:
-            why = f"waiting for {spec.nodes} healthy nodes; skipped: " + (
+            job.waiting_since = job.waiting_since or time.time()
+            need = f"{minimum}" if minimum == spec.nodes else f"{minimum} to {spec.nodes}"
+            why = f"waiting for {need} healthy nodes; skipped: " + (
                 "; ".join(f"{n}: {r}" for n, r in adm.skipped.items()) or "none registered"
             )
             if self._waiting_logged.get(job.id) != why:
@@ -58,10 +75,12 @@ class Launcher:
         if not reply.ok:
             job.reason = f"master {nodes[0]} could not reserve a port: {reply.error}"
             return False
-        restarting = job.state is JobState.RECOVERING
+        previous = job.world_size
         job.attempt += 1
         job.exited_ranks, job.finished = {}, ""
         job.nodes, job.world_size = nodes, len(nodes) * spec.gpus_per_node
+        job.spare_nodes, job.waiting_since = adm.spares, None
+        job.attempt_started_at = time.time()
         job.master_addr, job.master_port = adm.chosen[0].addr, reply.port
         job.state, job.started_at = JobState.STARTING, job.started_at or time.time()
         await self.save(job)
@@ -102,7 +121,23 @@ class Launcher:
         await self.explain(job, adm.skipped)
         await self.save(job)
         await self.publish(self._started(job, restarting, adm.skipped))
+        if previous and job.world_size != previous:
+            await self.publish(self._resized(job, previous))
         return True
+
+    @staticmethod
+    def _resized(job: JobRecord, previous: int) -> EventBase:
+        kind = JobShrunk if job.world_size < previous else JobGrown
+        wanted = job.spec.job.nodes
+        return kind(
+            job=job.id,
+            severity=Severity.WARNING if len(job.nodes) < wanted else Severity.INFO,
+            world_size=job.world_size,
+            previous_world_size=previous,
+            nodes=job.nodes,
+            message=f"world size {previous} → {job.world_size}: {len(job.nodes)} of "
+            f"{wanted} nodes ({', '.join(job.nodes)})",
+        )
 
     @staticmethod
     def _started(job: JobRecord, restarting: bool, skipped: dict[str, str]) -> EventBase:
@@ -116,6 +151,10 @@ class Launcher:
                 from_step=job.last_checkpoint_step or 0,
                 message=message,
             )
+        if job.resume_step is None:
+            origin = "fresh start"
+        else:
+            origin = f"resuming from step {job.resume_step} (job {job.resume_job or 'unrecorded'})"
         return JobStarted(
             job=job.id,
             world_size=job.world_size,
@@ -123,7 +162,9 @@ class Launcher:
             master_addr=job.master_addr,
             master_port=job.master_port,
             skipped=skipped,
-            message=message,
+            resume_step=job.resume_step,
+            resume_job=job.resume_job,
+            message=f"{origin}; {message}",
         )
 
     async def explain(self, job: JobRecord, skipped: dict[str, str]) -> None:

@@ -11,12 +11,13 @@ faults never resume the job early. The reasons are computed here and nowhere els
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
-from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited
+from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited, WorkerHung
 from proto.job import JobRecord, JobState
-from proto.progress import BandwidthChecked, slow_nodes
+from proto.progress import BandwidthChecked, Rewound, Stragglers, slow_nodes
 
 LIVE = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PAUSED, JobState.CHECKPOINTING})
 
@@ -51,11 +52,24 @@ class CheckpointJob:
 class RestartJob:
     """Restart without ``exclude``; ``charged``: the restart counts against the job's
     ``max_restarts`` (not when nothing trained yet and no fault struck, as after a
-    preflight refusal)."""
+    preflight refusal); ``graceful``: the ranks stop at the next step boundary with a
+    checkpoint first, so the next attempt resumes from exactly that step (an evacuation
+    with notice, a replacement, growing back) instead of being killed at once."""
 
     reason: str
     exclude: tuple[str, ...] = ()
     charged: bool = True
+    graceful: bool = False
+
+
+@dataclass(frozen=True)
+class ReportStraggler:
+    """Publish ``worker.straggler`` for ``rank`` on ``node``."""
+
+    node: str
+    rank: int
+    step_s: float
+    peer_median_s: float
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,7 @@ Action = (
     | ResumeJob
     | CheckpointJob
     | RestartJob
+    | ReportStraggler
     | RefuseNode
     | DrainNode
     | ResyncNode
@@ -97,11 +112,18 @@ Action = (
 )
 
 
-def decide(job: JobRecord, event: EventBase, silent: frozenset[str] = frozenset()) -> list[Action]:
+def decide(
+    job: JobRecord,
+    event: EventBase,
+    silent: frozenset[str] = frozenset(),
+    *,
+    progressing: bool = False,
+) -> list[Action]:
     """The job's reaction to one event: its condition if it carries one, else its kind.
-    ``silent``: nodes whose agents have missed a beat; a rank's exit that restarts the job
-    excludes them, since a dead machine's peers exit first and its own loss is seconds
-    away (one fault, one restart)."""
+    ``silent``: nodes whose agents have missed a beat or did not answer a ping; a rank's
+    exit that restarts the job excludes them, since a dead machine's peers exit first and
+    its own loss is seconds away (one fault, one restart). ``progressing``: rank 0 reported
+    a step within the last few heartbeats, so every rank is alive (they step together)."""
     if event.condition is not None:
         return on_condition(job, event.condition)
     if job.state not in LIVE or (event.node is not None and event.node not in job.nodes):
@@ -123,6 +145,18 @@ def decide(job: JobRecord, event: EventBase, silent: frozenset[str] = frozenset(
             return _restart_or_fail(job, why, gone)
         case WorkerExited():
             return all_exited(job)
+        case WorkerHung(attempt=attempt) if attempt != job.attempt:
+            return []
+        case WorkerHung(node=str(node), rank=rank, step=step, evidence=evidence):
+            why = f"rank {rank} on {node} hung after step {step} ({evidence})"
+            repeated = job.hangs.get(node, 0) >= 2
+            if repeated:
+                why += f"; {node} hung {job.hangs[node]} times, left out"
+            return _restart_or_fail(job, why, (node,) if repeated else ())
+        case NodeLost() if progressing:
+            # Its agent is silent but the ranks still step together, so its ranks are
+            # alive: a dead or restarting agent is no reason to throw work away.
+            return []
         case NodeLost(node=str(node)):
             return [
                 DrainNode(node, "heartbeat lost"),
@@ -215,6 +249,28 @@ def relaunched(job: JobRecord, active: dict[str, Condition]) -> list[Action]:
     return actions
 
 
+def minimum_nodes(job: JobRecord) -> int:
+    """The fewest nodes the job's next attempt may run on: ``[job] min_nodes`` once it has
+    run (a first start waits for all its nodes), unless its checkpoints cannot load at
+    another world size (DeepSpeed ZeRO-0 and ZeRO-3 partition what they save by it)."""
+    spec = job.spec
+    if not job.attempt or spec.job.min_nodes is None:
+        return spec.job.nodes
+    if not spec.job.entry and spec.train.engine == "deepspeed" and spec.train.zero_stage in (0, 3):
+        return spec.job.nodes
+    return spec.job.min_nodes
+
+
+def waited_too_long(job: JobRecord, now: float) -> list[Action]:
+    """A job that cannot run (too few healthy nodes) fails after ``wait_for_nodes_s``
+    with the reason it waited for, instead of waiting forever."""
+    limit = job.spec.policy.wait_for_nodes_s
+    if job.waiting_since is None or now - job.waiting_since < limit:
+        return []
+    why = job.reason or "not enough healthy nodes"
+    return [FinishJob(JobState.FAILED, f"gave up after {limit:g} s {why}")]
+
+
 def operator_key(job_id: str) -> str:
     return condition_key(ConditionKind.OPERATOR, job=job_id)
 
@@ -235,21 +291,69 @@ def _release(job: JobRecord, cond: Condition) -> list[Action]:
 
 
 def _evacuate(job: JobRecord, node: str, why: str) -> list[Action]:
-    """Save what can be saved, take the node out, continue without it."""
-    return [CheckpointJob(why), DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
+    """Take the node out and continue without it, from a checkpoint of the step the ranks
+    are at (a graceful restart: nothing is lost while the node still runs)."""
+    return [DrainNode(node, why), *_restart_or_fail(job, why, (node,), graceful=True)]
 
 
-def _restart_or_fail(job: JobRecord, reason: str, exclude: tuple[str, ...]) -> list[Action]:
+def _restart_or_fail(
+    job: JobRecord, reason: str, exclude: tuple[str, ...], *, graceful: bool = False
+) -> list[Action]:
     if job.restarts >= job.spec.policy.max_restarts:
         return [FinishJob(JobState.FAILED, f"{reason}; restart budget of {job.restarts} spent")]
-    return [RestartJob(reason, exclude)]
+    return [RestartJob(reason, exclude, graceful=graceful)]
+
+
+def on_rewound(job: JobRecord, msg: Rewound) -> list[Action]:
+    """The ranks went back to a good checkpoint after a numeric fault (``job.rewinds``
+    already counts it): past ``max_rewinds`` the job fails with the evidence."""
+    limit = job.spec.policy.max_rewinds
+    if job.rewinds <= limit:
+        return []
+    return [
+        FinishJob(
+            JobState.FAILED,
+            f"numeric fault at step {msg.from_step} ({msg.reason}); "
+            f"{job.rewinds} rewinds, over the limit of {limit}",
+        )
+    ]
+
+
+def on_stragglers(job: JobRecord, msg: Stragglers, reported: set[int]) -> list[Action]:
+    """Ranks slower than ``straggler_ratio`` × their peers' median over the window
+    (``reported``: ranks already reported this attempt). With spares, the first
+    straggler's node is replaced gracefully (uncharged: nothing failed)."""
+    if job.state is not JobState.RUNNING or job.world_size != len(msg.rank_step_s):
+        return []
+    pol, per_node = job.spec.policy, job.spec.job.gpus_per_node
+    actions: list[Action] = []
+    for rank, (seconds, median) in sorted(stragglers(msg.rank_step_s, pol.straggler_ratio).items()):
+        if rank in reported or rank // per_node >= len(job.nodes):
+            continue
+        node = job.nodes[rank // per_node]
+        actions.append(ReportStraggler(node, rank, seconds, median))
+        if job.spec.job.spares and not any(isinstance(a, RestartJob) for a in actions):
+            why = f"rank {rank} on {node} straggles: {seconds:.3f} s/step vs {median:.3f} s"
+            actions.append(RestartJob(why, (node,), charged=False, graceful=True))
+    return actions
+
+
+def stragglers(rank_step_s: list[float], ratio: float) -> dict[int, tuple[float, float]]:
+    """Ranks whose time is over ``ratio`` × the median of the others', with that median."""
+    slow = {}
+    for rank, seconds in enumerate(rank_step_s):
+        peers = [s for r, s in enumerate(rank_step_s) if r != rank and s > 0]
+        if peers and seconds > ratio * (median := statistics.median(peers)):
+            slow[rank] = (seconds, median)
+    return slow
 
 
 def all_exited(job: JobRecord) -> list[Action]:
     """Every rank of the current attempt has exited (cleanly, or on our stop). Rank 0's
     last progress may still be in flight (it travels on another stream), so an unexplained
-    early exit is left to :func:`overdue`."""
-    if len(job.exited_ranks) < job.world_size:
+    early exit is left to :func:`overdue`. A job being restarted is not finishing: its
+    ranks stopping (gracefully, with rank 0's "stopped") is the restart's own doing."""
+    if job.state not in LIVE or len(job.exited_ranks) < job.world_size:
         return []
     if job.stopping or job.finished == "stopped":
         return [FinishJob(JobState.STOPPED, job.reason or "stopped")]

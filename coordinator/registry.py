@@ -32,6 +32,9 @@ class NodeInfo:
     conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
     drain_reason: str = ""
     metrics_url: str = ""  # the agent's Prometheus endpoint
+    # when its agent failed to answer a ping (coordinator's monotonic clock); a beat
+    # received after it clears it
+    suspect_at: float | None = None
     # the newest change each event brought, by key, until a beat sent after it arrives
     _news: dict[str, Condition] = field(default_factory=dict, repr=False)
 
@@ -45,11 +48,13 @@ class NodeInfo:
 
     @property
     def healthy(self) -> bool:
-        return self.state is NodeState.READY
+        return self.state is NodeState.READY and self.suspect_at is None
 
     def why_not_healthy(self) -> str:
         """The evidence, in words: the open conditions' reasons, else why it drains."""
         reasons = [c.reason or c.key for c in self.conditions.values()]
+        if self.suspect_at is not None and not reasons:
+            return "its agent did not answer a ping; waiting for its next heartbeat"
         return "; ".join(reasons) or self.drain_reason
 
     def _settle(self) -> None:
@@ -100,6 +105,8 @@ class Registry:
             else:
                 mirror.pop(key, None)
         node.conditions = mirror
+        if node.suspect_at is not None and now > node.suspect_at:
+            node.suspect_at = None  # it answers after all
         if node.state is NodeState.LOST:
             node.state = NodeState.READY
         node._settle()
@@ -150,8 +157,15 @@ class Registry:
             for node_id in nodes
             if (node := self.nodes.get(node_id)) is None
             or node.state is NodeState.LOST
+            or node.suspect_at is not None
             or now - node.last_seen > beats * node.interval_s
         )
+
+    def suspect(self, node_id: str, now: float) -> None:
+        """Its agent did not answer: not admitted until its next heartbeat."""
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.suspect_at = now
 
     def drain(self, node_id: str, reason: str) -> None:
         node = self.nodes.get(node_id)

@@ -19,20 +19,33 @@ from proto.commands import RankSpec
 class Admission:
     chosen: list[NodeInfo]
     skipped: dict[str, str] = field(default_factory=dict)
+    spares: list[str] = field(default_factory=list)  # admissible nodes held for the job
 
 
 def admit(
-    nodes: list[NodeInfo], want: int, ranks_per_node: int, busy: set[str], exclude: set[str]
+    nodes: list[NodeInfo],
+    want: int,
+    ranks_per_node: int,
+    busy: set[str],
+    exclude: set[str],
+    *,
+    minimum: int | None = None,
+    spares: int = 0,
 ) -> Admission:
-    chosen: list[NodeInfo] = []
+    """Up to ``want`` nodes, at least ``minimum`` (default ``want``), or none; then up to
+    ``spares`` more held ready for the job. ``busy``: other jobs' nodes and spares."""
+    usable: list[NodeInfo] = []
     skipped: dict[str, str] = {}
     for node in sorted(nodes, key=lambda n: n.id):
         reason = _refusal(node, ranks_per_node, busy, exclude)
         if reason:
             skipped[node.id] = reason
-        elif len(chosen) < want:
-            chosen.append(node)
-    return Admission(chosen=chosen if len(chosen) == want else [], skipped=skipped)
+        else:
+            usable.append(node)
+    chosen = usable[:want]
+    if len(chosen) < (want if minimum is None else min(minimum, want)):
+        return Admission(chosen=[], skipped=skipped)
+    return Admission(chosen, skipped, [n.id for n in usable[want : want + spares]])
 
 
 def _refusal(node: NodeInfo, ranks_per_node: int, busy: set[str], exclude: set[str]) -> str:
@@ -40,6 +53,8 @@ def _refusal(node: NodeInfo, ranks_per_node: int, busy: set[str], exclude: set[s
         return "excluded after a fault in this job"
     if node.id in busy:
         return "busy with another job"
+    if node.suspect_at is not None:
+        return "its agent did not answer a ping (admitted again at its next heartbeat)"
     if not node.preflight_ok:
         return "preflight failed"
     if not node.topology_ok:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -17,6 +18,13 @@ from nodeagent.registry import build, preflight
 from nodeagent.sampling import close_all, run_once
 from ringmaster.auth import AuthError
 from ringmaster.log import configure
+
+WARM_RANKS_ENV = "RINGMASTER_WARM_RANKS"  # `coordinatorctl up` passes its environment on
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value.isdigit() else None
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -31,6 +39,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--procfs")
     p.add_argument("--dev")
     p.add_argument("--gpus", type=int)
+    p.add_argument(
+        "--warm-ranks",
+        dest="warm_ranks",
+        type=int,
+        default=_env_int(WARM_RANKS_ENV),
+        help=f"spare rank interpreters, 0: none (else ${WARM_RANKS_ENV}, else the config's)",
+    )
     p.add_argument("--advertise-addr", dest="advertise_addr")
     p.add_argument("--simulated", action="store_true", default=None)
     p.add_argument(
@@ -78,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             "procfs",
             "dev",
             "gpus",
+            "warm_ranks",
             "advertise_addr",
             "simulated",
             "metrics_port",

@@ -23,6 +23,7 @@ from proto.commands import (
     CommandReply,
     Launch,
     Pause,
+    Ping,
     ReservePort,
     Resume,
     ResyncClock,
@@ -87,6 +88,8 @@ class CommandHandler:
                 return self._reply(True)
             case ReservePort():
                 return self._reply(True, port=_free_port(self.advertise_addr))
+            case Ping():
+                return self._reply(True)
             case ResyncClock():
                 if self._resync is None:
                     return self._reply(False, "this agent has no clock collector")

@@ -118,7 +118,15 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dev: str = "/dev"
     simulated: bool = False
     gpus: int | None = None  # ranks this node can host; NVML's count if unset
+    # spare interpreters with the training stack imported, so a rank (re)starts without
+    # a cold Python start (nodeagent.warm_pool); unset: one per GPU, one on a simulated
+    # or GPU-less node; 0: none
+    warm_ranks: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # how long after a spare becomes a rank its replacement starts: its imports would
+    # compete for CPU with the ranks starting at that moment
+    warm_refill_delay_s: NonNegative = 5.0
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    hang_check_s: Positive = 0.5  # how often ranks' beats are read (nodeagent.hangwatch)
     # Prometheus /metrics: 0 turns it off, -1 takes any free port (ringmaster.metrics)
     metrics_port: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = 9402
     metrics_addr: str = "0.0.0.0"
@@ -130,6 +138,14 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def roots(self) -> Roots:
         return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))
+
+    def warm_spares(self, gpus: int) -> int:
+        """Spare rank interpreters to keep: ``warm_ranks`` if set, else one per GPU
+        (``gpus``: this node's count), one on a simulated or GPU-less node (a simulated
+        node's "GPUs" share the host's few cores)."""
+        if self.warm_ranks is not None:
+            return self.warm_ranks
+        return 1 if self.simulated else max(1, gpus)
 
 
 class ConfigError(ValueError):

@@ -20,6 +20,7 @@ from nodeagent.collectors.base import BusAttached, Sample
 from nodeagent.commands import CommandHandler
 from nodeagent.config import AgentConfig, detect_addr
 from nodeagent.detectors.base import Unannounced
+from nodeagent.hangwatch_loop import HangWatch
 from nodeagent.metrics import registry_for
 from nodeagent.outbox import Outbox
 from nodeagent.registry import Registered, build, clock_of
@@ -60,7 +61,12 @@ class Agent:
         self.registered: list[Registered[Any]] = build(config)
         self._outbox: Outbox | None = None
         self.supervisor = Supervisor(
-            self.node, self.run_dir, self.emit, self._progress, simulated=config.simulated
+            self.node,
+            self.run_dir,
+            self.emit,
+            self._progress,
+            simulated=config.simulated,
+            warm_refill_delay_s=config.warm_refill_delay_s,
         )
 
     async def emit(self, event: EventBase) -> None:
@@ -110,6 +116,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.supervisor.warm_ranks(self._warm_ranks())  # imports while we connect
         nc = await connect(cfg.nats, f"nodeagent-{self.node}", auth.from_env(cfg.creds_file))
         self._outbox = Outbox(nc.jetstream())
         self.metrics = metrics.serve(
@@ -159,6 +166,8 @@ class Agent:
             if isinstance(e.collector, BusAttached)
         ]
         tasks.append(asyncio.create_task(self._heartbeat_loop(nc)))
+        watch = HangWatch(self.supervisor, self.emit, self.node, interval_s=cfg.hang_check_s)
+        tasks.append(asyncio.create_task(watch.run(), name="hangwatch"))
         log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)
         try:
             async with systemd_notify.service(f"{self.node} up at {self.addr}", self._status):
@@ -184,6 +193,9 @@ class Agent:
 
     def _gpus(self) -> int:
         return self.config.gpus if self.config.gpus is not None else len(self.telemetry.gpus)
+
+    def _warm_ranks(self) -> int:
+        return self.config.warm_spares(self._gpus())  # NVML's count once sampled
 
     async def _sample_loop(self, entry: Registered[Any]) -> None:
         interval = entry.collector.interval_s
@@ -227,4 +239,5 @@ class Agent:
             with contextlib.suppress(Exception):
                 await nc.publish(subject, encode(beat))
                 self.beats_sent += 1
+            self.supervisor.warm_ranks(self._warm_ranks())  # NVML's GPU count comes late
             await asyncio.sleep(self.config.heartbeat_s)

@@ -3,6 +3,11 @@
 Each rank runs in its own session (process group), so a stop reaches every process a rank
 spawned, and an agent restart does not take the ranks with it. What the agent keeps per job
 on disk (spec, PID and log files, control socket) is laid out by ``ringmaster.rundir``.
+
+The built-in trainer's ranks start in a spare interpreter that has already imported the
+training stack when one is ready (``nodeagent.warm_pool``), else cold, as user entry
+scripts always do; either way the rank is a process in its own session whose PID is its
+process group's id, watched, stopped and recorded the same way.
 """
 
 from __future__ import annotations
@@ -13,19 +18,28 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
 from nodeagent.control_channel import ControlChannel
+from nodeagent.warm_pool import SPARE, WarmPool
 from proto.codec import encode
 from proto.commands import Launch
 from proto.events import EventBase, Severity, WorkerExited
 from proto.job import shm_staging_name
 from proto.progress import Progress
-from ringmaster.rundir import JOB_ENV, SIM_KNOBS_ENV, JobDir, compile_cache, sim_knobs
+from proto.warm import WarmLaunch
+from ringmaster.rundir import (
+    JOB_ENV,
+    SIM_KNOBS_ENV,
+    JobDir,
+    compile_cache,
+    sim_knobs,
+    warm_pool_log,
+)
 
 log = structlog.get_logger()
 EventSink = Callable[[EventBase], Awaitable[None]]
@@ -58,6 +72,8 @@ class Supervisor:
         on_progress: ProgressSink,
         *,
         simulated: bool = False,
+        warm_refill_delay_s: float = 0.0,
+        warm_command: Sequence[str] = SPARE,
     ) -> None:
         self.node = node
         self.simulated = simulated  # ranks are told, for rehearsal-only knobs
@@ -66,6 +82,16 @@ class Supervisor:
         self._on_progress = on_progress
         self.runs: dict[str, JobRun] = {}
         self.shm = Path("/dev/shm")
+        # spare interpreters for the built-in trainer (nodeagent.warm_pool); none until
+        # warm_ranks() asks for some
+        self.warm = WarmPool(
+            0, warm_pool_log(run_dir), command=warm_command, refill_delay_s=warm_refill_delay_s
+        )
+
+    def warm_ranks(self, spares: int) -> None:
+        """Keep ``spares`` interpreters ready (0: none; started in the background, and
+        launches never wait for them). Cheap to call again with the same number."""
+        self.warm.resize(spares)
 
     def jobs(self) -> list[str]:
         return [job for job, run in self.runs.items() if run.alive()]
@@ -81,6 +107,7 @@ class Supervisor:
         jobdir.spec.write_bytes(encode(cmd.spec))
 
         async def progress(message: Progress) -> None:
+            message.attempt = cmd.attempt  # stamped here: the rank need not know it
             await self._on_progress(cmd.job, message)
 
         channel = ControlChannel(jobdir.control_socket, progress)
@@ -110,27 +137,23 @@ class Supervisor:
             }
             if self.simulated:
                 env[SIM_KNOBS_ENV] = str(sim_knobs(self.run_dir))
-            logf = jobdir.rank_log(spec.rank).open("ab")
-            try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    env=env,
-                    cwd=run.workdir,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=logf,
-                    stderr=logf,
-                    start_new_session=True,
-                    preexec_fn=_affinity(spec.cpus),
-                )
-            except OSError as exc:
-                await self.stop(cmd.job, force=True, grace_s=0)
-                raise SupervisorError(f"cannot start rank {spec.rank}: {exc}") from exc
-            finally:
-                logf.close()
+            logpath = jobdir.rank_log(spec.rank)
+            proc = None
+            if not cmd.argv:  # the built-in trainer; user entry scripts start cold
+                cpus = sorted(_cpus(spec.cpus) or [])
+                launch = WarmLaunch(env=env, cwd=str(run.workdir), log=str(logpath), cpus=cpus)
+                proc = await self.warm.take(launch)
+            warm = proc is not None
+            if proc is None:
+                try:
+                    proc = await _start_cold(argv, env, run.workdir, logpath, spec.cpus)
+                except OSError as exc:
+                    await self.stop(cmd.job, force=True, grace_s=0)
+                    raise SupervisorError(f"cannot start rank {spec.rank}: {exc}") from exc
             run.procs[spec.rank] = proc
-            jobdir.rank_pid(spec.rank).write_text(str(proc.pid))
+            jobdir.record_rank(spec.rank, proc.pid)
             run.waiters.append(asyncio.create_task(self._watch(run, spec.rank, proc)))
-            log.info("rank started", job=cmd.job, rank=spec.rank, pid=proc.pid)
+            log.info("rank started", job=cmd.job, rank=spec.rank, pid=proc.pid, warm=warm)
         return [p.pid for p in run.procs.values()]
 
     async def _pre_start(self, cmd: Launch, run: JobRun, jobdir: JobDir) -> None:
@@ -211,11 +234,15 @@ class Supervisor:
             for rank in run.alive():
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(run.procs[rank].pid, sig)
+                    # a stopped rank (a hang) acts on SIGTERM only once continued
+                    os.killpg(run.procs[rank].pid, signal.SIGCONT)
             await _wait_all(run, wait)
         await asyncio.gather(*run.waiters, return_exceptions=True)
 
     async def close(self) -> None:
-        """Agent shutdown: ranks keep running (they outlive an agent restart)."""
+        """Agent shutdown: ranks keep running (they outlive an agent restart); spare
+        interpreters do not."""
+        await self.warm.close()
         for run in self.runs.values():
             await run.channel.close()
             for waiter in run.waiters:
@@ -240,11 +267,36 @@ def _argv(argv: list[str]) -> list[str]:
     return argv
 
 
-def _affinity(cpus: list[int]) -> Callable[[], None] | None:
+async def _start_cold(
+    argv: list[str], env: dict[str, str], cwd: Path, logpath: Path, cpus: list[int]
+) -> asyncio.subprocess.Process:
+    """A new interpreter for the rank: ``exec`` with its own session, log and CPUs."""
+    with logpath.open("ab") as logf:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            env=env,
+            cwd=cwd,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=logf,
+            stderr=logf,
+            start_new_session=True,
+            preexec_fn=_affinity(cpus),
+        )
+
+
+def _cpus(cpus: list[int]) -> set[int] | None:
+    """The rank's CPUs among those this agent may use (all of them if none are); None:
+    no affinity asked for."""
     if not cpus:
         return None
     available = os.sched_getaffinity(0)
-    chosen = {c for c in cpus if c in available} or available
+    return {c for c in cpus if c in available} or available
+
+
+def _affinity(cpus: list[int]) -> Callable[[], None] | None:
+    chosen = _cpus(cpus)
+    if chosen is None:
+        return None
 
     def apply() -> None:
         os.sched_setaffinity(0, chosen)

@@ -13,6 +13,10 @@ class SubmitJob(msgspec.Struct, kw_only=True):
     spec: JobSpec
     workdir: str = ""
     source: str = ""
+    # where the submitter found training would resume: the newest sealed checkpoint's step
+    # and the job that wrote it (None: no checkpoint, a fresh start)
+    resume_step: int | None = None
+    resume_job: str = ""
 
 
 class JobControl(msgspec.Struct, kw_only=True):

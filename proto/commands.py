@@ -64,7 +64,12 @@ class ReservePort(CommandBase, tag="reserve_port"):
     """Ask the master node for a free TCP port for the rendezvous store."""
 
 
-Command = Launch | Pause | Resume | CheckpointNow | Stop | ResyncClock | ReservePort
+class Ping(CommandBase, tag="ping"):
+    """Are you there? Sent to a job's nodes when one of its ranks fails, so a node whose
+    agent is gone is left out of the restart at once instead of after missed beats."""
+
+
+Command = Launch | Pause | Resume | CheckpointNow | Stop | ResyncClock | ReservePort | Ping
 
 
 class CommandReply(msgspec.Struct, kw_only=True):
@@ -74,3 +79,5 @@ class CommandReply(msgspec.Struct, kw_only=True):
     epoch_seen: int = 0
     port: int = 0
     pids: list[int] = msgspec.field(default_factory=list)
+    # False: nobody answered (no agent subscribed, or none in time); set by the sender
+    answered: bool = True

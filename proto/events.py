@@ -193,11 +193,16 @@ class JobSubmitted(EventBase, tag="job.submitted"):
 
 
 class JobStarted(EventBase, tag="job.started"):
+    """``resume_step``/``resume_job``: the checkpoint the job starts from and the job that
+    wrote it, as ``start`` found it (None: a fresh start)."""
+
     world_size: int = 0
     nodes: list[str] = msgspec.field(default_factory=list)
     master_addr: str = ""
     master_port: int = 0
     skipped: dict[str, str] = msgspec.field(default_factory=dict)
+    resume_step: int | None = None
+    resume_job: str = ""
 
 
 class JobBandwidth(EventBase, tag="job.bandwidth"):

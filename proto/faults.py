@@ -140,7 +140,14 @@ Fault = (
 
 # Faults that act on the node's processes, not its simulated hardware: coordinatorctl
 # carries them out itself, on the local cluster's files (see coordinator/ctl/inject.py).
-PROCESS_FAULTS = (KillWorkerFault, KillAgentFault, LoseNodeFault, HangFault, SlowFault, NanLossFault)
+PROCESS_FAULTS = (
+    KillWorkerFault,
+    KillAgentFault,
+    LoseNodeFault,
+    HangFault,
+    SlowFault,
+    NanLossFault,
+)
 
 
 class SimKnobs(msgspec.Struct, kw_only=True):
@@ -151,6 +158,7 @@ class SimKnobs(msgspec.Struct, kw_only=True):
 
     slow: float = 1.0
     nan_loss: int = 0
+
 
 # name → the form it expects, quoted in every error so the operator sees the fix.
 FORMS = {

@@ -42,6 +42,10 @@ class JobSection(Config):
     # Healthy nodes held for this job beyond ``nodes``, ready to replace a lost one.
     spares: NonNegative = 0
 
+    def __post_init__(self) -> None:
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"job.min_nodes = {self.min_nodes} exceeds job.nodes = {self.nodes}")
+
 
 class TrainSection(Config):
     model: str = "tiny"
@@ -171,6 +175,10 @@ class JobRecord(msgspec.Struct, kw_only=True):
     state: JobState = JobState.PENDING
     step: int = 0
     target_steps: int = 0
+    # where the first attempt resumes, as ``start`` found it: the newest checkpoint's step
+    # and the job that wrote it (None: a fresh start)
+    resume_step: int | None = None
+    resume_job: str = ""
     restarts: int = 0
     pauses: int = 0
     last_checkpoint_step: int | None = None
@@ -191,6 +199,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stopping: bool = False
     finished: str = ""  # rank 0's own word on how training ended: completed | stopped
     excluded: list[str] = msgspec.field(default_factory=list)
+    spare_nodes: list[str] = msgspec.field(default_factory=list)  # held for it ([job] spares)
     failed_at_step: int = 0  # the step reached before the last restart (for lost_work)
     rewinds: int = 0  # numeric faults the job went back from (job.rewound)
     # hangs found per node (worker.hung): a node whose ranks hang twice is left out
@@ -200,7 +209,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     exited_ranks: dict[str, int] = msgspec.field(default_factory=dict)
     submitted_at: float = 0.0
     started_at: float | None = None
+    attempt_started_at: float | None = None  # when the current attempt launched
     first_step_at: float | None = None
+    last_step_at: float | None = None  # when rank 0's newest step was reported
     finished_at: float | None = None
     updated_at: float = 0.0
     accounted_at: float = 0.0

@@ -14,6 +14,8 @@ class ProgressBase(msgspec.Struct, tag_field="type", kw_only=True):
     job: str = ""
     step: int = 0
     time: float = 0.0
+    # the attempt of the rank that sent it, stamped by its agent (0: unknown)
+    attempt: int = 0
 
 
 class StepDone(ProgressBase, tag="step"):

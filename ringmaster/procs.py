@@ -1,5 +1,5 @@
 """Process helpers the CLI, the agent's run-dir layout and the tests share: is a PID
-running, the PID in a PID file, and polling until a condition holds.
+running, when it started, the PID in a PID file, and polling until a condition holds.
 
 Polling comes in two colours, :func:`wait_until` for blocking callers and
 :func:`wait_until_async` for coroutines, with the same contract: call the predicate, return
@@ -39,9 +39,24 @@ def pid_alive(pid: int) -> bool:
 
 
 def read_pid(path: Path) -> int | None:
-    """The PID written in ``path``; None if the file is missing or holds no number."""
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        return int(path.read_text().strip())
+    """The PID written first in ``path`` (a rank's PID file adds its start time); None if
+    the file is missing or holds no number."""
+    with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+        return int(path.read_text().split()[0])
+    return None
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22);
+    None if there is no such process. A PID and its start time name one process for the
+    life of the machine: a PID reused later has a later start."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # fields 3 and on follow the parenthesised command name, which may itself hold ')'
+    with contextlib.suppress(IndexError, ValueError):
+        return int(stat.rsplit(")", 1)[1].split()[19])
     return None
 
 

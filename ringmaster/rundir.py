@@ -4,8 +4,10 @@
 
     <run_dir>/epoch                     the newest leader epoch seen (command fencing)
     <run_dir>/sim-knobs.json            rehearsal knobs of a simulated node (inject)
+    <run_dir>/warm-pool.log             what warm interpreters print before they are ranks
     <run_dir>/jobs/<job>/spec.json      the job spec the ranks read ($RINGMASTER_JOB_SPEC)
-    <run_dir>/jobs/<job>/rank-<r>.pid   rank r's PID, also its process group's id
+    <run_dir>/jobs/<job>/rank-<r>.pid   rank r's PID (also its process group's id) and
+                                        start time: "<pid> <ticks since boot>"
     <run_dir>/jobs/<job>/rank-<r>.log   rank r's stdout and stderr
     <run_dir>/jobs/<job>/pre-start.log  the job's pre-start hook's output
     <run_dir>/jobs/<job>/control.sock   rank 0's control socket (see JobDir.control_socket)
@@ -13,8 +15,13 @@
 The agent writes it. On a local cluster ``coordinatorctl`` reads it too, to find rank
 processes the agent may no longer be there to stop (ranks outlive an agent restart by
 design): ``inject NODE kill-worker`` and ``down``. A PID file can outlive its process and
-the PID be reused, so a PID counts as a rank only while the process carries the rank
-marker, ``RINGMASTER_JOB_ID=<job>``, in its environment (the agent sets it on every rank).
+the PID be reused, so a PID counts as a rank only while the process it names started when
+the file says (``/proc/<pid>/stat`` field 22; a reused PID starts later). The process's
+environment cannot tell: a rank handed to a warm interpreter (``nodeagent.warm_pool``)
+got its environment after it started, and ``/proc/<pid>/environ`` shows only the one it
+started with. A PID file without a start time (written before start times were
+recorded) falls back to the environment marker, ``RINGMASTER_JOB_ID=<job>``, which every
+rank started cold carries.
 """
 
 from __future__ import annotations
@@ -27,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from ringmaster.procs import pid_alive, read_pid
+from ringmaster.procs import pid_alive, start_time
 
-JOB_ENV = "RINGMASTER_JOB_ID"  # the rank marker: every rank's environment holds it
+JOB_ENV = "RINGMASTER_JOB_ID"  # every rank's environment holds it
 _RANK_PID = re.compile(r"rank-(\d+)\.pid")
 # AF_UNIX paths are limited to 108 bytes on Linux, with the terminating NUL; keep a margin.
 _SOCKET_PATH_MAX = 100
@@ -46,6 +53,12 @@ def sim_knobs(run_dir: Path) -> Path:
     """A simulated node's rehearsal knobs (``proto.faults.SimKnobs``): written by
     ``coordinatorctl inject`` (``slow``, ``nan-loss``), read by the node's ranks."""
     return run_dir / "sim-knobs.json"
+
+
+def warm_pool_log(run_dir: Path) -> Path:
+    """Output of the node's warm interpreters until each becomes a rank (then the rank's
+    own log takes over)."""
+    return run_dir / "warm-pool.log"
 
 
 def compile_cache(run_dir: Path) -> Path:
@@ -77,8 +90,16 @@ class JobDir:
     def rank_pid(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.pid"
 
+    def record_rank(self, rank: int, pid: int) -> None:
+        """Write rank ``rank``'s PID file: its PID and start time (see :func:`is_rank`)."""
+        started = start_time(pid)
+        self.rank_pid(rank).write_text(f"{pid} {started}" if started is not None else str(pid))
+
     def rank_log(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.log"
+
+    def rank_beat(self, rank: int) -> Path:
+        return beat_beside(self.spec, rank)
 
     @property
     def control_socket(self) -> Path:
@@ -91,17 +112,27 @@ class JobDir:
         return Path(tempfile.gettempdir()) / f"ringmaster-{digest}.sock"
 
 
+def beat_beside(spec: Path, rank: int) -> Path:
+    """Rank ``rank``'s beat in the directory of the job spec ``spec``: how a rank finds it
+    from ``$RINGMASTER_JOB_SPEC``."""
+    return spec.parent / f"rank-{rank}.beat"
+
+
 class LiveRank(NamedTuple):
     job: str
     rank: int
     pid: int
 
 
-def is_rank(pid: int, job: str) -> bool:
-    """Whether ``pid`` is a running rank of ``job``: it carries the rank marker. False for
-    a process that is gone, a zombie, or one whose environment we may not read."""
+def is_rank(pid: int, job: str, started: int | None = None) -> bool:
+    """Whether ``pid`` is a running rank of ``job``: the process that started at
+    ``started`` (clock ticks since boot), or, when the start time is unknown, one that
+    carries ``RINGMASTER_JOB_ID=<job>`` in its environment. False for a process that is
+    gone, a zombie, or one we may not inspect."""
     if not pid_alive(pid):
         return False
+    if started is not None:
+        return start_time(pid) == started
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -109,13 +140,28 @@ def is_rank(pid: int, job: str) -> bool:
     return f"{JOB_ENV}={job}".encode() in environ.split(b"\0")
 
 
+def read_rank_pid(path: Path) -> tuple[int, int | None] | None:
+    """The PID and start time in a rank's PID file (None for a file without one); None
+    if the file is missing or not a PID file."""
+    try:
+        fields = path.read_text().split()
+    except FileNotFoundError:
+        return None
+    try:
+        pid = int(fields[0])
+        started = int(fields[1]) if len(fields) > 1 else None
+    except (IndexError, ValueError):
+        return None
+    return pid, started
+
+
 def live_ranks(run_dir: Path) -> list[LiveRank]:
     """Every rank with a PID file under ``run_dir`` that is still running, by job and rank."""
     found: list[LiveRank] = []
     for pidfile in (run_dir / "jobs").glob("*/rank-*.pid"):
         match = _RANK_PID.fullmatch(pidfile.name)
-        pid = read_pid(pidfile)
+        recorded = read_rank_pid(pidfile)
         job = pidfile.parent.name
-        if match and pid is not None and is_rank(pid, job):
-            found.append(LiveRank(job, int(match[1]), pid))
+        if match and recorded is not None and is_rank(recorded[0], job, recorded[1]):
+            found.append(LiveRank(job, int(match[1]), recorded[0]))
     return sorted(found)

@@ -113,6 +113,7 @@ class Checkpointer:
         *,
         keep: int,
         engine: str,
+        job: str = "",
         on_durable: OnDurable | None = None,
         persist_delay_s: float = 0.0,
         persist_gate: Path | None = None,
@@ -121,6 +122,7 @@ class Checkpointer:
         self.coord = coord
         self.keep = keep
         self.engine = engine
+        self.job = job  # recorded in every manifest: which job wrote the checkpoint
         self.on_durable = on_durable
         self.persist_delay_s = persist_delay_s  # test hook: widens the window for a kill
         self.persist_gate = persist_gate  # test hook: persists start serialising once it exists
@@ -197,7 +199,9 @@ class Checkpointer:
             ranks = {str(r): sorted(e) for r, e in enumerate(gathered) if e is not None}
             files = {name: entry for e in gathered if e is not None for name, entry in e.items()}
             try:
-                durable.commit(self.root, step, self.coord.world_size, self.engine, files, ranks)
+                durable.commit(
+                    self.root, step, self.coord.world_size, self.engine, files, ranks, self.job
+                )
                 durable.prune(self.root, self.keep)
             except OSError as exc:
                 print(f"trainer: commit of step {step} failed: {exc}", file=sys.stderr, flush=True)

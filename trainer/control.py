@@ -6,9 +6,12 @@ pause, checkpoint or stop at the same step and none is left inside a collective 
 never enter.
 
 While training, the decision costs no collective of its own: it rides in the all-reduce
-that averages the step's loss (:meth:`StepControl.reduce_step`, a 4-element float64 sum to
-which only rank 0 adds the word), so the boundary after a step needs nothing more. The
-first boundary, and every boundary while paused, broadcasts it (:meth:`StepControl.exchange`).
+that averages the step's loss (:meth:`StepControl.reduce_step`, a small float64 sum to which
+only rank 0 adds the word), so the boundary after a step needs nothing more. The first
+boundary, and every boundary while paused, broadcasts it (:meth:`StepControl.exchange`).
+The same sum carries what every rank must judge alike or rank 0 must see from all:
+rank 0's global gradient norm (:mod:`trainer.numeric`) and each rank's compute seconds in
+its own slot (:mod:`trainer.probe`). Summed, a slot only one rank fills arrives intact.
 
 While paused, rank 0 waits up to :data:`PAUSE_POLL_S` for a word and every rank joins a
 broadcast at that cadence. No rank ever sits in a collective for longer than that (well
@@ -24,6 +27,7 @@ import queue
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -49,6 +53,18 @@ class Decision:
 
 
 NOTHING = Decision()
+UNKNOWN_NORM = -1.0  # no gradient norm reported (see trainer.numeric)
+
+
+class StepTotals(NamedTuple):
+    """What the step's all-reduce gives every rank alike."""
+
+    loss: float  # averaged over the ranks; non-finite if any rank's was
+    decision: Decision
+    grad_norm: float  # rank 0's global gradient norm (UNKNOWN_NORM if none)
+    compute_s: list[float]  # each rank's compute seconds, by rank
+
+
 _ACTIONS = {"pause": Action.PAUSE, "resume": Action.RESUME, "stop": Action.STOP}
 
 
@@ -87,14 +103,29 @@ class StepControl:
         dist.broadcast(word, src=0)
         return _decision(word.tolist())
 
-    def reduce_step(self, loss: torch.Tensor, world_size: int) -> tuple[float, Decision]:
-        """End of a step, on every rank: one all-reduce gives the loss averaged over the
-        ranks and rank 0's decision for the boundary that follows."""
-        vector = torch.tensor([0.0, *self._word(0.0)], dtype=torch.float64, device=loss.device)
+    def reduce_step(
+        self,
+        loss: torch.Tensor,
+        world_size: int,
+        grad_norm: torch.Tensor | float | None = None,
+        compute_s: float = 0.0,
+    ) -> StepTotals:
+        """End of a step, on every rank: one all-reduce of ``[loss, norm, word…, seconds
+        by rank…]`` gives the loss averaged over the ranks, rank 0's decision for the
+        boundary that follows and gradient norm, and every rank's compute seconds."""
+        word = self._word(0.0)
+        vector = torch.zeros(2 + len(word) + world_size, dtype=torch.float64, device=loss.device)
         vector[0] = loss.detach().to(torch.float64)
+        if self.rank == 0:
+            norm = UNKNOWN_NORM if grad_norm is None else grad_norm
+            vector[1] = norm.detach().to(torch.float64) if isinstance(norm, torch.Tensor) else norm
+            vector[2 : 2 + len(word)] = torch.tensor(word, dtype=torch.float64)
+        vector[2 + len(word) + self.rank] = compute_s
         dist.all_reduce(vector, op=dist.ReduceOp.SUM)
-        total, *word = vector.tolist()
-        return total / world_size, _decision(word)
+        total, norm_sum, *rest = vector.tolist()
+        return StepTotals(
+            total / world_size, _decision(rest[: len(word)]), norm_sum, rest[len(word) :]
+        )
 
     def _word(self, wait_s: float) -> list[float]:
         """Rank 0: the pending words folded into (action, checkpoint, seq); other ranks

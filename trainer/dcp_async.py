@@ -271,7 +271,14 @@ class DcpCheckpoints:
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         files = self.state.files_for(manifest)
-        return files if manifest.engine == self.name and files else None
+        return files if self.refusal(manifest) is None else None
+
+    def refusal(self, manifest: durable.Manifest) -> str | None:
+        if manifest.engine != self.name:
+            return f"another engine's (resume with {manifest.engine})"
+        if not self.state.files_for(manifest):
+            return "no DCP files in its manifest"
+        return None
 
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
         self.state.load(step_dir)

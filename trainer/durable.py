@@ -10,7 +10,9 @@
 
 A step dir counts only once its manifest exists and every file matches it, so a crash at
 any moment leaves at worst an incomplete dir that resume skips. Plain filesystem code with
-no torch, so the coordinator or an operator's script can check checkpoints the same way.
+no torch. The manifest and the read side (which step dir is newest) live in
+:mod:`ringmaster.checkpoints`, so ``coordinatorctl`` can read checkpoints without importing
+the trainer; they are re-exported here under their old names.
 """
 
 from __future__ import annotations
@@ -26,32 +28,21 @@ from typing import BinaryIO, Protocol
 
 import msgspec
 
-LATEST = "latest"
-MANIFEST = "manifest.json"
+# LATEST, MANIFEST and candidates are re-exported for this module's callers.
+from ringmaster.checkpoints import LATEST as LATEST
+from ringmaster.checkpoints import MANIFEST as MANIFEST
+from ringmaster.checkpoints import (
+    FileEntry,
+    Manifest,
+    parse_step,
+    read_latest,
+    read_manifest,
+    step_dir_name,
+    step_dirs,
+)
+from ringmaster.checkpoints import candidates as candidates
+
 _CHUNK = 8 << 20
-
-
-class FileEntry(msgspec.Struct, frozen=True):
-    sha256: str
-    size: int
-
-
-class Manifest(msgspec.Struct, kw_only=True):
-    step: int
-    world_size: int
-    engine: str
-    created: float
-    files: dict[str, FileEntry]  # path relative to the step dir -> checksum
-    ranks: dict[str, list[str]] = {}  # rank -> the files it wrote
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step}"
-
-
-def parse_step(name: str) -> int | None:
-    prefix, _, number = name.partition("-")
-    return int(number) if prefix == "step" and number.isdigit() else None
 
 
 def shard_name(rank: int) -> str:
@@ -172,8 +163,10 @@ def commit(
     engine: str,
     files: dict[str, FileEntry],
     ranks: dict[str, list[str]],
+    job: str = "",
 ) -> Path:
-    """Seal ``step-<step>``: write its manifest, then point ``latest`` at it."""
+    """Seal ``step-<step>``: write its manifest (naming ``job``, the job that wrote it),
+    then point ``latest`` at it."""
     step_dir = root / step_dir_name(step)
     fsync_dir(step_dir)
     manifest = Manifest(
@@ -183,17 +176,11 @@ def commit(
         created=time.time(),
         files=files,
         ranks=ranks,
+        job=job,
     )
     _write_atomic(step_dir / MANIFEST, msgspec.json.encode(manifest))
     _write_atomic(root / LATEST, step_dir.name.encode())
     return step_dir
-
-
-def read_manifest(step_dir: Path) -> Manifest | None:
-    try:
-        return msgspec.json.decode((step_dir / MANIFEST).read_bytes(), type=Manifest)
-    except (OSError, msgspec.DecodeError):
-        return None
 
 
 def verify(step_dir: Path, manifest: Manifest, name: str) -> bool:
@@ -208,40 +195,6 @@ def verify(step_dir: Path, manifest: Manifest, name: str) -> bool:
         return False
 
 
-def read_latest(root: Path) -> str | None:
-    try:
-        name = (root / LATEST).read_text().strip()
-    except OSError:
-        return None
-    return name if parse_step(name) is not None else None
-
-
-def _step_dirs(root: Path) -> list[tuple[int, str]]:
-    """(step, name) of every step dir under ``root``, newest first."""
-    try:
-        names = [p.name for p in root.iterdir() if p.is_dir()]
-    except OSError:
-        return []
-    found = [(step, name) for name in names if (step := parse_step(name)) is not None]
-    return sorted(found, reverse=True)
-
-
-def candidates(root: Path) -> list[str]:
-    """Step dirs to try on resume, in order: the one ``latest`` names, then older ones.
-
-    Dirs newer than ``latest`` are ignored: ``latest`` only moves after a manifest is
-    written, so anything newer is a persist that never finished. Without a readable
-    ``latest`` every dir is a candidate, newest first (each is still verified).
-    """
-    latest = read_latest(root)
-    dirs = _step_dirs(root)
-    if latest is None:
-        return [name for _, name in dirs]
-    latest_step = parse_step(latest)
-    assert latest_step is not None
-    return [latest] + [name for step, name in dirs if step < latest_step]
-
-
 def prune(root: Path, keep: int) -> list[str]:
     """Delete step dirs older than the ``keep`` newest complete ones; returns their names."""
     latest = read_latest(root)
@@ -250,13 +203,13 @@ def prune(root: Path, keep: int) -> list[str]:
         return []
     complete = [
         step
-        for step, name in _step_dirs(root)
+        for step, name in step_dirs(root)
         if step <= latest_step and read_manifest(root / name) is not None
     ]
     if len(complete) <= keep:
         return []
     oldest_kept = complete[keep - 1]
-    removed = [name for step, name in _step_dirs(root) if step < oldest_kept]
+    removed = [name for step, name in step_dirs(root) if step < oldest_kept]
     for name in removed:
         with contextlib.suppress(OSError):
             shutil.rmtree(root / name)

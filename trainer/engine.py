@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from proto.job import TrainSection
@@ -29,9 +30,13 @@ class Engine(Protocol):
     name: str
     module: nn.Module  # the unwrapped model
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
         """One optimizer step; returns this rank's loss (a detached scalar tensor: the loop
-        averages it over the ranks in the all-reduce that also carries the control word)."""
+        averages it over the ranks in the all-reduce that also carries the control word)
+        and the global gradient norm before clipping (the same on every rank; None if the
+        engine cannot tell), which :mod:`trainer.numeric` judges."""
         ...
 
     def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
@@ -52,7 +57,13 @@ class Engine(Protocol):
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         """The files of a checkpoint this rank verifies and loads; None if it cannot use
-        that checkpoint (another engine, or a layout this world size cannot load)."""
+        that checkpoint (another engine, or a layout this world size cannot load). A
+        checkpoint written at another world size loads where the engine reshards it."""
+        ...
+
+    def refusal(self, manifest: durable.Manifest) -> str | None:
+        """Why :meth:`files_for` refuses ``manifest``, in a few words for the operator's
+        one line; None when it does not (the files may still fail their checksums)."""
         ...
 
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
@@ -88,16 +99,20 @@ class TorchEngine(DcpCheckpoints):
         self.optimizer = torch.optim.AdamW(module.parameters(), lr=train.lr)
         self.state = DcpState(module, self.optimizer, checkpoint_group, replicated)
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
         self.optimizer.zero_grad(set_to_none=True)
         with self.autocast():
             logits = self.wrapped(inputs.to(self.device))
         loss = lm_loss(logits, targets.to(self.device))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.grad_clip)
+        if isinstance(norm, DTensor):  # FSDP2: the norm of sharded gradients, reduced
+            norm = norm.full_tensor()
         self.optimizer.step()
         self.after_optimizer_step()
-        return loss.detach()
+        return loss.detach(), norm.detach()
 
     def after_optimizer_step(self) -> None:
         """What an engine does once the weights have changed (nothing, by default)."""

@@ -12,6 +12,12 @@ loop does not wait for serialisation; the few plain files it copies itself (the
 the ranks' files into one step dir, exactly the directory ``load_checkpoint`` expects. The
 durable dir must be shared by the job's nodes, as ranks load files other ranks wrote.
 
+A ZeRO-1/2 checkpoint written at another world size (a job continuing on fewer nodes after
+losing one, or grown back) loads too: the parameters through ``load_checkpoint`` without
+the optimizer, which DeepSpeed refuses to re-partition, then every saved rank's optimizer
+partition re-sliced by :mod:`trainer.zero_reshard`. ZeRO-3 partitions the parameters as
+well and is refused at another world size (:meth:`DeepSpeedEngine.refusal`).
+
 The host buffers are allocated ahead of the first checkpoint
 (:meth:`DeepSpeedEngine.prepare_snapshot`): a dry run of ``save_checkpoint`` into a scratch
 dir records, without copying, exactly the state dicts a checkpoint hands over, and a
@@ -37,7 +43,7 @@ import torch
 from torch import nn
 
 from proto.job import TrainSection
-from trainer import durable
+from trainer import durable, zero_reshard
 from trainer.host_buffers import HostBuffers
 from trainer.model import lm_loss
 from trainer.precision import Precision
@@ -94,6 +100,7 @@ class DeepSpeedEngine:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
         self.name = f"deepspeed-zero{train.zero_stage}"
+        self.zero_stage = train.zero_stage
         self.module = module
         self.device = device
         self.rank = rank
@@ -105,11 +112,14 @@ class DeepSpeedEngine:
         )
         self.buffers = HostBuffers()
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
         loss = lm_loss(self.ds(inputs.to(self.device)), targets.to(self.device))
         self.ds.backward(loss)
         self.ds.step()
-        return loss.detach()
+        norm: torch.Tensor | float | None = self.ds.get_global_grad_norm()  # with clipping on
+        return loss.detach(), norm
 
     def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
         if self.ds.checkpoint_engine.is_decoupled():  # writes on its own schedule
@@ -136,17 +146,50 @@ class DeepSpeedEngine:
             self.ds.checkpoint_engine = real
         return capture.objects
 
-    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
-        # ZeRO partitions are tied to the world size they were written with.
-        if manifest.engine != self.name or manifest.world_size != self.world_size:
+    def refusal(self, manifest: durable.Manifest) -> str | None:
+        if manifest.engine != self.name:
+            return f"another engine's (resume with {manifest.engine})"
+        if manifest.world_size == self.world_size:
             return None
+        if self.zero_stage == 3:
+            return (
+                "DeepSpeed loads ZeRO-3's partitioned parameters only at the world size that "
+                f"wrote them ({manifest.world_size}); ZeRO-1 and 2 checkpoints reshard"
+            )
+        if self.zero_stage == 0:  # replicated, but bf16 partitions it; not worth a path
+            return f"ZeRO-0 loads only at the world size that wrote it ({manifest.world_size})"
+        if self._reshard_files(manifest) is None:
+            return f"a ZeRO partition file of its {manifest.world_size} ranks is missing"
+        return None
+
+    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
+        if self.refusal(manifest) is not None:
+            return None
+        if manifest.world_size != self.world_size:
+            return self._reshard_files(manifest)
         own = manifest.ranks.get(str(self.rank), [])
         return [name for name in own if name.startswith(f"{TAG}/")]
 
+    def _reshard_files(self, manifest: durable.Manifest) -> list[str] | None:
+        """What a rank reads to load a ZeRO-1/2 checkpoint of another world size: the model
+        states and every saved rank's optimizer partition (None if one is missing)."""
+        names = [name for name in manifest.files if name.startswith(f"{TAG}/")]
+        zero = zero_reshard.zero_files(names, manifest.world_size)
+        models = [n for n in names if zero_reshard.MODEL_STATES.fullmatch(Path(n).name)]
+        return None if zero is None or not models else sorted(models) + zero
+
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
-        path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG)
+        if manifest.world_size == self.world_size:
+            path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG)
+        else:  # the parameters as usual; DeepSpeed refuses to reshard the optimizer itself
+            path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG, load_optimizer_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {step_dir}")
+        if manifest.world_size != self.world_size:
+            files = self._reshard_files(manifest)
+            assert files is not None  # files_for checked
+            zero = [step_dir / name for name in files[-manifest.world_size :]]
+            zero_reshard.load_resharded(self.ds.optimizer, zero, self.rank, self.world_size)
 
     def close(self) -> None:
         self.buffers.wait()

@@ -2,8 +2,9 @@
 
 ``step`` counts completed optimizer steps and is global: a resumed job continues from the
 checkpoint's step to the same ``train.steps``, and the data for each step is a pure
-function of it (:mod:`trainer.data`), so a resumed run trains on exactly the samples an
-uninterrupted one would.
+function of it and the data offset saved with it (:mod:`trainer.data`, raised only by
+numeric-fault rewinds, :mod:`trainer.numeric`), so a resumed run trains on exactly the
+samples an uninterrupted one would.
 
 After the first step of the process, when every engine's optimizer state exists, the
 engine starts allocating the next checkpoint's host buffers in the background
@@ -13,6 +14,7 @@ than later ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -23,8 +25,10 @@ import torch
 
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Paused, Progress, Resumed, StepDone
-from trainer import durable
+from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED
+from trainer import durable, numeric
 from trainer.agent_link import AgentLink
+from trainer.beat import Beat
 from trainer.checkpoint import Checkpointer, find_resumable, load_file
 from trainer.compile import CompileClock
 from trainer.control import PAUSE_POLL_S, Action, Decision, StepControl
@@ -32,6 +36,7 @@ from trainer.data import Batches
 from trainer.engine import Engine
 from trainer.flops import Mfu
 from trainer.log import Log
+from trainer.probe import StepProbe, StragglerWindow
 
 Outcome = Literal["completed", "stopped"]
 COMPLETED: Outcome = "completed"
@@ -67,6 +72,8 @@ class Trainer:
         *,
         mfu: Mfu,
         compiled: bool,
+        beat: Beat | None = None,
+        probe: StepProbe | None = None,
     ) -> None:
         self.spec = spec
         self.engine = engine
@@ -85,7 +92,14 @@ class Trainer:
         self.mfu = mfu
         self.compile_clock = CompileClock(compiled)
         self.steps_run = 0  # by this process
+        self.beat = beat or Beat(None)  # the phase and steps the node agent judges hangs by
         checkpointer.on_durable = self._durable
+        policy = spec.policy  # numeric faults and stragglers (trainer.numeric, trainer.probe)
+        self.data_offset = 0  # the data of step s is batch(s + data_offset)
+        self.guard = numeric.NumericGuard(policy.grad_norm_spike)
+        self.rewinds = numeric.Rewinds(policy.max_rewinds)
+        self.probe = probe or StepProbe(engine.module, torch.device("cpu"))
+        self.window = StragglerWindow(policy.straggler_window_steps) if self.rank == 0 else None
 
     def resume(self) -> None:
         """Load the newest checkpoint every rank can verify, if there is one."""
@@ -98,14 +112,33 @@ class Trainer:
             self.log("fresh_start")
             return
         manifest, step_dir = found
+        self._load(manifest, step_dir)
+        self.log("resumed_from", step=self.step, job=manifest.job or "unrecorded", path=step_dir)
+
+    def _load(self, manifest: durable.Manifest, step_dir: Path) -> None:
+        """Restore a verified checkpoint: the engine's state, then step, data offset, RNG."""
         self.engine.load(step_dir, manifest)
         state = load_file(step_dir / self._trainer_file(manifest))
         torch.set_rng_state(state["rng"]["cpu"])
         if torch.cuda.is_available() and "cuda" in state["rng"]:
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self.step = state["step"]
+        self.step, self.data_offset = state["step"], state.get("data_offset", 0)
         self.checkpointer.last_step = self.checkpointer.durable_step = self.step
-        self.log("resumed_from", step=self.step, path=step_dir)
+
+    def _rewind(self, reason: str) -> None:
+        """After a numeric fault in the step at ``self.step``, on every rank alike: back to
+        the newest durable checkpoint, skipping the data trained on since it."""
+        self.rewinds.admit(self.step + 1, reason)  # NumericFault once the budget is spent
+        self.checkpointer.wait()  # a persist in flight predates the fault: let it seal
+        found = find_resumable(self.checkpointer.root, self.checkpointer.coord, self._files_for)
+        if found is None:
+            raise numeric.no_checkpoint(self.step + 1, reason)
+        bad, offset = self.step, self.data_offset
+        self._load(*found)
+        rewind = numeric.plan(self.step, bad, offset, reason)
+        self.data_offset = rewind.offset
+        self.log("rewound", **dataclasses.asdict(rewind), rewinds=self.rewinds.count)
+        self._send(rewind.message())
 
     def _unusable(self) -> str | None:
         """Why sealed checkpoints exist that this run cannot load, if they do: starting
@@ -114,11 +147,12 @@ class Trainer:
         for name in durable.candidates(root):
             manifest = durable.read_manifest(root / name)
             if manifest is not None:
+                why = self.engine.refusal(manifest) or "its files fail their checksums"
                 return (
                     f"{root} holds checkpoints (newest {name}: {manifest.engine}, "
                     f"world size {manifest.world_size}) that this run ({self.engine.name}, "
-                    f"world size {self.batches.layout.world_size}) cannot load or verify; "
-                    "resume with their engine and world size, or move them away to start fresh"
+                    f"world size {self.batches.layout.world_size}) cannot load: {why}; "
+                    "move them away to start fresh"
                 )
         return None
 
@@ -146,8 +180,10 @@ class Trainer:
             if self.step >= self.target:
                 break
             decision = self._train_step()
-            if self.step % self.spec.checkpoint.every_steps == 0:
+            every = self.spec.checkpoint.every_steps  # (a rewind lands on a checkpoint)
+            if self.step % every == 0 and self.checkpointer.last_step != self.step:
                 self._checkpoint()
+        self.beat.set_phase(DONE)  # the final checkpoint makes no steps either
         if self.checkpointer.last_step != self.step:
             self._checkpoint()
         self.checkpointer.wait()
@@ -160,6 +196,7 @@ class Trainer:
         """Act on this boundary's control decision; while paused, keep polling for the
         next one. Returns STOPPED when the job must stop here."""
         paused = False
+        before = self.beat.current.phase
         while True:
             if decision.checkpoint or decision.action == Action.STOP:
                 self._checkpoint()
@@ -167,9 +204,11 @@ class Trainer:
                 return STOPPED
             if decision.action == Action.PAUSE and not paused:
                 paused = True
+                before = self.beat.set_phase(PAUSED)
                 self.log("paused", step=self.step, seq=decision.seq)
                 self._send(Paused(step=self.step))
             elif decision.action == Action.RESUME and paused:
+                self.beat.set_phase(before)
                 self.log("resumed", step=self.step, seq=decision.seq)
                 self._send(Resumed(step=self.step))
                 return None
@@ -180,14 +219,27 @@ class Trainer:
     def _train_step(self) -> Decision:
         """One optimizer step; returns the control decision for the boundary after it."""
         start = time.perf_counter()
-        inputs, targets = self.batches.batch(self.step)
-        local_loss = self.engine.step(inputs, targets)
-        loss, decision = self.control.reduce_step(local_loss, self.batches.layout.world_size)
+        inputs, targets = self.batches.batch(self.step + self.data_offset)
+        if self.probe.begin():
+            self.log("sim_nan_loss", step=self.step + 1)
+        local_loss, grad_norm = self.engine.step(inputs, targets)
+        compute_s = self.probe.end(time.perf_counter() - start)
+        world = self.batches.layout.world_size
+        with self.beat.in_collective():  # a stall in here waits for a peer (NCCL syncs here)
+            totals = self.control.reduce_step(local_loss, world, grad_norm, compute_s)
+        loss, decision = totals.loss, totals.decision
         elapsed = time.perf_counter() - start
         if self.hooks.trace_dir is not None:
             self._trace(loss)
+        if (fault := self.guard.check(loss, totals.grad_norm)) is not None:
+            with self.beat.during(CHECKPOINT):  # loading a checkpoint makes no steps
+                self._rewind(fault)
+            return decision
         self.step += 1
+        if self.window is not None and (report := self.window.add(self.step, totals.compute_s)):
+            self._send(report)
         self.steps_run += 1
+        self.beat.step_done(self.step, elapsed)
         if self.steps_run == 1:
             self.engine.prepare_snapshot()
         tokens_per_s = self.tokens_per_step / elapsed
@@ -220,18 +272,20 @@ class Trainer:
         return decision
 
     def _checkpoint(self) -> None:
-        stall = self.checkpointer.save(self.step, self._snapshot)
+        with self.beat.during(CHECKPOINT):
+            stall = self.checkpointer.save(self.step, self._snapshot)
         in_memory = len(self.checkpointer.last_in_memory)  # files serialised in the background
         self.log("checkpoint_staged", step=self.step, stall_s=stall, in_memory=in_memory)
 
     def _snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
-        """The engine's snapshot plus this rank's step and RNG (fresh tensors already);
-        the data position is a pure function of the step."""
+        """The engine's snapshot plus this rank's step, data offset and RNG (fresh
+        tensors already)."""
         objects = self.engine.snapshot(staging, target)
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state_all()
-        objects[durable.trainer_file(self.rank)] = {"step": self.step, "rng": rng}
+        state = {"step": self.step, "data_offset": self.data_offset, "rng": rng}
+        objects[durable.trainer_file(self.rank)] = state
         return objects
 
     def _durable(self, step: int, path: Path, stall_s: float) -> None:
@@ -245,6 +299,7 @@ class Trainer:
 
     def _trace(self, loss: float) -> None:
         assert self.hooks.trace_dir is not None
-        record = {"step": self.step, "ids": self.batches.ids(self.step), "loss": loss}
+        ids = self.batches.ids(self.step + self.data_offset)
+        record = {"step": self.step, "ids": ids, "loss": loss}
         with (self.hooks.trace_dir / f"trace-rank-{self.rank}.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")

@@ -5,7 +5,9 @@ Launch contract (see :mod:`trainer.launch`): torchrun's environment, plus
 ``RINGMASTER_WORKDIR`` and ``RINGMASTER_CONTROL_SOCKET``. Exit status: 0 when the job
 completed or was stopped (its final checkpoint durable), 2 for a bad spec (one line on
 stderr, before joining the process group), 143 on SIGTERM, 1 on any other failure (one
-line when checkpoints exist that this run cannot resume).
+line when checkpoints exist that this run cannot resume, or when a numeric fault cannot be
+rewound, see :mod:`trainer.numeric`). Ranks of simulated nodes also read rehearsal knobs
+(``RINGMASTER_SIM_KNOBS``, :mod:`trainer.sim_knobs`).
 
 Hooks for tests and benchmarks only: ``RINGMASTER_TEST_PERSIST_DELAY_S`` (seconds each
 persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_PERSIST_GATE``
@@ -22,7 +24,9 @@ compile cache is ``RINGMASTER_COMPILE_CACHE`` (see :mod:`trainer.compile`).
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -36,6 +40,7 @@ from proto.progress import Finished
 from trainer import preflight_bw, termination
 from trainer.agent_link import AgentLink
 from trainer.batch_size import choose_micro_batch, forward_backward
+from trainer.beat import Beat
 from trainer.build import build_model, compile_model
 from trainer.checkpoint import Checkpointer, Coordination, default_staging_dir
 from trainer.control import StepControl
@@ -46,8 +51,11 @@ from trainer.launch import Launch, SpecError, read_launch, torch_threads
 from trainer.log import Log
 from trainer.loop import Hooks, Outcome, ResumeError, Trainer
 from trainer.model import count_params
+from trainer.numeric import NumericFault
 from trainer.precision import count_float8_linears
 from trainer.presets import ModelConfig, get_preset
+from trainer.probe import StepProbe
+from trainer.sim_knobs import SimKnobsReader
 
 # Explicit, and long: a rank legitimately waits in a collective while a peer stages a
 # large checkpoint. Pauses never hold a collective open (see trainer.control).
@@ -131,10 +139,18 @@ def _with_micro_batch(launch: Launch, size: int) -> Launch:
     return dataclasses.replace(launch, spec=spec)
 
 
-def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: Log) -> Outcome:
+def run(
+    launch: Launch,
+    cfg: ModelConfig,
+    batches: Batches,
+    hooks: Hooks,
+    log: Log,
+    beat: Beat | None = None,
+) -> Outcome:
     train = launch.spec.train
     device = torch.device(f"cuda:{launch.local_rank}" if torch.cuda.is_available() else "cpu")
     coord = _init_process_group(launch, device)
+    log("process_group", backend=dist.get_backend(), world=launch.world_size)
     link = None
     if launch.rank == 0 and launch.control_socket is not None:
         link = AgentLink(launch.control_socket, launch.job_id).start()
@@ -155,6 +171,7 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
                 link.send(checked)
         torch.manual_seed(train.seed)  # identical initial weights on every rank
         model = build_model(train, cfg, device, log)
+        log("model_built")
         params = count_params(model)  # before ZeRO-3 partitions the parameters away
         if train.auto_micro_batch:  # before the engine: ZeRO-3 cannot run the bare model
             attempt = forward_backward(
@@ -188,12 +205,14 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             coord,
             keep=ckpt.keep,
             engine=engine.name,
+            job=launch.job_id,
             persist_delay_s=hooks.persist_delay_s,
             persist_gate=hooks.persist_gate,
         )
         termination.on_sigterm(checkpointer.discard_staging)
         control = StepControl(launch.rank, device, link, enabled=hooks.control_word)
         mfu = Mfu(model_flops_per_token(cfg, train.seq_len), device_peak(device), launch.world_size)
+        knobs = SimKnobsReader.from_env(os.environ, lambda why: log("sim_knobs", warning=why))
         trainer = Trainer(
             launch.spec,
             engine,
@@ -205,6 +224,8 @@ def run(launch: Launch, cfg: ModelConfig, batches: Batches, hooks: Hooks, log: L
             hooks,
             mfu=mfu,
             compiled=compiled,
+            beat=beat,
+            probe=StepProbe(engine.module, device, knobs),
         )
         trainer.resume()
         outcome = trainer.run()
@@ -233,12 +254,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     termination.install()
     torch.set_num_threads(torch_threads(env, launch.local_world_size))
+    # Stacks on demand: the node agent's hang watch sends SIGUSR1 and reads the dump from
+    # stderr (the rank's log). The handler is C-level: it runs even while the main thread
+    # is wedged.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    beat = Beat.from_env(env, launch.rank).start()
     log = Log(launch.rank)
+    log("started", pid=os.getpid())
     try:
-        run(launch, cfg, batches, hooks, log)
-    except ResumeError as exc:
+        run(launch, cfg, batches, hooks, log, beat)
+    except (ResumeError, NumericFault) as exc:
         print(f"trainer: {exc}", file=sys.stderr)
         return 1
+    finally:
+        beat.stop()
     return 0
 
 

@@ -26,6 +26,7 @@ from coordinator.ctl.home import home, resolve, resolve_creds
 from coordinator.ctl.inject import inject
 from coordinator.ctl.jobfile import JobFileError, load_job
 from coordinator.ctl.report import report
+from coordinator.ctl.start_point import decide, in_use, sharing
 from coordinator.ctl.status import render, status_json
 from coordinator.ctl.tail import Filters, parse_duration, tail
 from proto.api import JobControl, SubmitJob
@@ -72,6 +73,18 @@ def build() -> argparse.ArgumentParser:
     start.add_argument("jobfile", type=Path)
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     start.add_argument("--wait", action="store_true", help="follow the job to its end")
+    origin = start.add_mutually_exclusive_group()
+    origin.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume from the checkpoint dir's newest checkpoint even if it is at or past "
+        "the target step",
+    )
+    origin.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from step 0 in a new checkpoint dir beside the configured one",
+    )
     status = sub.add_parser("status", parents=[common], help="nodes and jobs")
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true")
@@ -168,14 +181,28 @@ async def _remote(
             spec = load_job(args.jobfile, args.set)
         except JobFileError as exc:
             raise CtlError(str(exc), code=2) from None
+        workdir = Path.cwd()
+        point = decide(spec, workdir, resume=args.resume, fresh=args.fresh)
+        spec.checkpoint.dir = point.checkpoint_dir
     async with session(url, cluster, creds) as s:
         if cmd == "start":
-            source = str(args.jobfile.resolve())
-            reply = await s.ask(
-                "submit", SubmitJob(spec=spec, workdir=str(Path.cwd()), source=source)
+            try:
+                jobs = await s.records("jobs", JobRecord)
+            except CtlError:  # no job state yet: the submit will say why
+                jobs = []
+            if (busy := sharing(jobs, point.checkpoint_dir)) is not None:
+                raise in_use(busy)
+            submit = SubmitJob(
+                spec=spec,
+                workdir=str(workdir),
+                source=str(args.jobfile.resolve()),
+                resume_step=point.resume_step,
+                resume_job=point.resume_job,
             )
+            reply = await s.ask("submit", submit)
             if not reply.ok:
                 raise CtlError(reply.error, code=2)
+            print(f"{reply.job}: {point.note}", file=sys.stderr)
             print(reply.job, flush=True)
             return await _wait(s, reply.job) if args.wait else 0
         if cmd == "status":

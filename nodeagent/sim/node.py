@@ -188,7 +188,7 @@ class SimulatedNode:
             self._set_readonly(False)
             if self.gpus is not None:
                 self.gpus.clear()
-        else:  # kill-worker, kill-agent: coordinatorctl signals those processes itself
+        else:  # process faults (PROCESS_FAULTS): coordinatorctl carries those out itself
             name = fault.strip().partition("=")[0]
             raise ValueError(f"fault {name} is not the simulator's: coordinatorctl does it")
 

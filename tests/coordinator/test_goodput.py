@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from coordinator.goodput import account, charge_lost_work, move_stall
+import pytest
+
+from coordinator.goodput import account, charge_detection, charge_lost_work, move_stall
 from proto.job import GOODPUT_BUCKETS, JobRecord, JobSection, JobSpec, JobState
 
 
@@ -43,3 +45,39 @@ def test_checkpoint_stall_and_lost_work_move_out_of_productive() -> None:
     assert j.goodput["lost_work"] == 12.0 and j.goodput["productive"] == 80.0
     total = sum(j.goodput.values())
     assert total == 100.0  # moved, never created
+
+
+def test_a_checkpoint_costs_its_stall_not_the_time_it_takes_to_become_durable() -> None:
+    """Requested at 0 s, durable at 21 s, training blocked 4.7 s of it: 4.7 s is stall."""
+    j = JobRecord(id="j", name="j", spec=JobSpec(job=JobSection(name="j")), world_size=1)
+    j.state = JobState.RUNNING
+    account(j, 1000.0)
+    j.state = JobState.CHECKPOINTING
+    account(j, 1021.0)  # persisting in the background while the ranks train on
+    move_stall(j, 4.7)
+    assert j.goodput["checkpoint_stall"] == pytest.approx(4.7)
+    assert j.goodput["productive"] == pytest.approx(16.3)
+
+
+def test_the_time_a_fault_went_unnoticed_is_recovery_not_productive() -> None:
+    """Last step at 1000 s, the hang found and the job restarted at 1004 s (2 GPUs)."""
+    j = JobRecord(id="j", name="j", spec=JobSpec(job=JobSection(name="j")), world_size=2)
+    j.state = JobState.RUNNING
+    account(j, 990.0)
+    j.last_step_at = 1000.0
+    charge_detection(j, 1004.0)
+    assert j.goodput["productive"] == pytest.approx(20.0)
+    assert j.goodput["recovery"] == pytest.approx(8.0)
+    j.state, j.last_step_at = JobState.PAUSED, 1004.0  # paused time stays paused
+    charge_detection(j, 1010.0)
+    assert j.goodput["recovery"] == pytest.approx(8.0)
+
+
+def test_after_rank_0_says_training_ended_the_time_is_idle() -> None:
+    j = JobRecord(id="j", name="j", spec=JobSpec(job=JobSection(name="j")), world_size=2)
+    j.state = JobState.RUNNING
+    account(j, 100.0)
+    account(j, 110.0)
+    j.finished = "completed"  # the ranks are exiting
+    account(j, 111.5)
+    assert j.goodput["productive"] == 20.0 and j.goodput["idle"] == 3.0

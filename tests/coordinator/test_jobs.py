@@ -148,6 +148,22 @@ async def test_pending_to_starting_admits_reserves_and_launches() -> None:
     assert isinstance(c.events[-1], JobStarted) and c.events[-1].nodes == ["node-0", "node-1"]
 
 
+async def test_job_started_says_where_training_resumes_from() -> None:
+    c = Cluster()
+    m = c.leader()
+    fresh = await submitted(c, m, nodes=1)
+    req = SubmitJob(spec=spec(1), workdir="/w", resume_step=60, resume_job="t-0a1b2c")
+    resumed = m.jobs[(await m.submit(req)).job]
+    assert (await c.stored(resumed.id)).resume_step == 60
+    for job in (fresh, resumed):
+        await m.start_pending(job)
+    first, second = (e for e in c.events if isinstance(e, JobStarted))
+    assert first.job == fresh.id and first.resume_step is None
+    assert first.message.startswith("fresh start; ")
+    assert (second.resume_step, second.resume_job) == (60, "t-0a1b2c")
+    assert second.message.startswith("resuming from step 60 (job t-0a1b2c); ")
+
+
 async def test_pending_waits_with_a_reason_when_too_few_nodes_are_healthy() -> None:
     c = Cluster(nodes=2)
     c.beat("node-1", Condition(kind=ConditionKind.PREFLIGHT, node="node-1", reason="shm 1 GB"))

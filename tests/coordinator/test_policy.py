@@ -179,14 +179,14 @@ def test_stop_requested_ends_stopped() -> None:
         Condition(kind=ConditionKind.GPU_THERMAL, node="node-1", subject="3", value=95.0),
     ],
 )
-def test_node_ending_conditions_checkpoint_drain_and_restart_without_the_node(
+def test_node_ending_conditions_drain_and_restart_gracefully_without_the_node(
     cond: Condition,
 ) -> None:
-    actions = policy.on_condition(job(), cond)
-    kinds = [type(a) for a in actions]
-    assert kinds == [policy.CheckpointJob, policy.DrainNode, policy.RestartJob]
-    assert actions[1].node == "node-1"  # type: ignore[union-attr]
-    assert actions[2].exclude == ("node-1",)  # type: ignore[union-attr]
+    drain, restart = policy.on_condition(job(), cond)
+    assert isinstance(drain, policy.DrainNode) and drain.node == "node-1"
+    # graceful: the ranks checkpoint at the next boundary and resume from exactly there
+    assert isinstance(restart, policy.RestartJob) and restart.graceful
+    assert restart.exclude == ("node-1",) and restart.charged
     spent = policy.on_condition(job(restarts=3), cond)
     assert isinstance(spent[-1], policy.FinishJob) and "budget" in spent[-1].reason
 
@@ -206,7 +206,7 @@ def test_a_hardware_thermal_slowdown_is_critical_below_the_threshold() -> None:
         reason="GPU 2 critical: 80 °C, hw_thermal_slowdown",
     )
     actions = policy.on_condition(job(), slow)
-    assert [type(a) for a in actions] == [policy.CheckpointJob, policy.DrainNode, policy.RestartJob]
+    assert [type(a) for a in actions] == [policy.DrainNode, policy.RestartJob]
     assert "hw_thermal_slowdown" in actions[0].reason  # type: ignore[union-attr]
     assert policy.on_condition(job(), closed(slow)) == []
 

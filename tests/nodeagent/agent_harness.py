@@ -114,7 +114,8 @@ def agent(
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "nodeagent.cli", "--config", str(config), "--node", node]
     argv += ["--cluster", cluster, "--nats", nats_url, "--run-dir", str(run_dir)]
-    argv += ["--advertise-addr", "127.0.0.1", "--log-json", *(extra or [])]
+    argv += ["--advertise-addr", "127.0.0.1", "--log-json"]
+    argv += ["--warm-ranks", "0", *(extra or [])]  # no ranks here: no spare interpreters
     with (run_dir / "agent.log").open("wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}

@@ -31,6 +31,7 @@ from nodeagent.sim.node import SimulatedNode
         ("[nvme]\nhold_s = -1\n", "Expected `float` >= 0.0 - at `$.nvme.hold_s`"),
         ("[gpu]\nthermal_confirm = 0\n", "Expected `int` >= 1 - at `$.gpu.thermal_confirm`"),
         ("stop_grace_s = 5\n", "Object contains unknown field `stop_grace_s`"),
+        ("warm_ranks = -1\n", "Expected `int` >= 0 - at `$.warm_ranks`"),
     ],
 )
 def test_bad_settings_name_the_key(tmp_path: Path, toml: str, message: str) -> None:
@@ -80,3 +81,11 @@ def test_the_simulators_agent_toml_loads(tmp_path: Path) -> None:
     assert (config.preemption.provider, config.preemption.sigterm_notice) == ("none", "never")
     with pytest.raises(TypeError):
         agent_config.to_toml({"x": {"nested": {"deeper": 1}}})
+
+
+def test_spare_interpreters_default_to_one_per_gpu(tmp_path: Path) -> None:
+    assert load(None, {}).warm_spares(gpus=8) == 8
+    assert load(None, {}).warm_spares(gpus=0) == 1  # GPU-less, or NVML not read yet
+    assert load(None, {"simulated": True}).warm_spares(gpus=8) == 1  # the host's cores
+    assert load(None, {"warm_ranks": 0}).warm_spares(gpus=8) == 0  # off
+    assert load(None, {"warm_ranks": 3, "simulated": True}).warm_spares(gpus=8) == 3

@@ -10,12 +10,16 @@ from proto.faults import (
     ClockOffsetFault,
     Fault,
     GpuTempFault,
+    HangFault,
     KillAgentFault,
     KillWorkerFault,
     LinkFault,
+    LoseNodeFault,
+    NanLossFault,
     NvmeLatencyFault,
     NvmeReadonlyFault,
     PcieBwFault,
+    SlowFault,
     SpotNoticeFault,
     parse_fault,
 )
@@ -41,6 +45,12 @@ GOOD: list[tuple[str, Fault]] = [
     ("link=0-7:PXB", LinkFault(gpu_a=0, gpu_b=7, link="PXB")),
     ("kill-worker", KillWorkerFault()),
     ("kill-agent", KillAgentFault()),
+    ("lose-node", LoseNodeFault()),
+    ("hang", HangFault()),
+    ("hang=3", HangFault(rank=3)),
+    ("slow=3", SlowFault(factor=3.0)),
+    ("slow=1", SlowFault(factor=1.0)),
+    ("nan-loss", NanLossFault()),
     ("clear", ClearFault()),
 ]
 
@@ -85,6 +95,14 @@ BAD = [
     ("link=0-1:phb", "is not a link"),
     ("kill-worker=3", "bad fault 'kill-worker=3': takes no value; expected kill-worker"),
     ("clear=all", "takes no value"),
+    ("lose-node=1", "takes no value; expected lose-node"),
+    ("nan-loss=yes", "takes no value; expected nan-loss"),
+    ("hang=one", "rank 'one' is not a rank number; expected hang[=<rank>]"),
+    ("hang=-1", "rank '-1' is not a rank number"),
+    ("hang=", "rank '' is not a rank number"),
+    ("slow=0.5", "0.5 is out of range; expected slow=<factor> with 1 <= factor <= 1000"),
+    ("slow=fast", "'fast' is not a number"),
+    ("slow", "missing value"),
 ]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
+from ringmaster.procs import pid_alive, read_pid, start_time, wait_until, wait_until_async
 
 
 def test_a_running_process_is_alive_and_a_zombie_or_a_reaped_one_is_not() -> None:
@@ -72,3 +72,11 @@ async def test_wait_until_async_awaits_the_predicate() -> None:
     assert await wait_until_async(ready, timeout=None, interval=0.001) == 7
     with pytest.raises(TimeoutError):
         await wait_until_async(never, timeout=0.05, interval=0.01)
+
+
+def test_start_time_is_the_kernels_and_a_pid_file_may_carry_it(tmp_path: Path) -> None:
+    stat = Path("/proc/self/stat").read_text()  # this process: the same as os.getpid()
+    assert start_time(os.getpid()) == int(stat.rsplit(")", 1)[1].split()[19])
+    assert start_time(2**22 + 1) is None  # above the kernel's PID limit: no such process
+    (tmp_path / "rank.pid").write_text("1234 98765")
+    assert read_pid(tmp_path / "rank.pid") == 1234

@@ -1,7 +1,8 @@
 """The agent's run-dir layout as coordinatorctl reads it: which PID files are live ranks.
 
-A PID file outlives its process and a PID can be reused, so only a running process that
-carries the rank marker of that very job counts."""
+A PID file outlives its process and a PID can be reused, so only the running process that
+started when the file says counts (or, for a file without a start time, one that carries
+the rank marker of that very job)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ringmaster.procs import pid_alive
+from ringmaster.procs import pid_alive, start_time
 from ringmaster.rundir import JOB_ENV, JobDir, LiveRank, is_rank, live_ranks
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -83,3 +84,22 @@ def test_long_job_directories_get_a_short_control_socket(tmp_path: Path) -> None
     deep = tmp_path / ("x" * 120)
     path = JobDir(deep, "j1").control_socket
     assert len(os.fsencode(path)) < 100 and path != JobDir(deep, "j2").control_socket
+
+
+def test_a_pid_file_with_a_start_time_names_one_process(tmp_path: Path, spawn: Spawn) -> None:
+    """A rank that became one after it started (a warm interpreter) carries no marker in
+    its environment; its PID file's start time identifies it, and a PID reused by a
+    process that started at another time is not it."""
+    job = JobDir(tmp_path, "j1")
+    job.path.mkdir(parents=True)
+    warm, reused = spawn(), spawn()  # neither carries the marker
+    job.record_rank(0, warm.pid)
+    started = start_time(reused.pid)
+    assert started is not None
+    job.rank_pid(1).write_text(f"{reused.pid} {started - 1}")  # the PID's earlier owner
+    assert job.rank_pid(0).read_text() == f"{warm.pid} {start_time(warm.pid)}"
+    assert live_ranks(tmp_path) == [LiveRank("j1", 0, warm.pid)]
+    assert is_rank(reused.pid, "j1", started) and not is_rank(reused.pid, "j1", started - 1)
+    warm.kill()
+    warm.wait()
+    assert live_ranks(tmp_path) == []

@@ -100,6 +100,7 @@ class Launcher:
         job_id: str | None = None,
         socket_path: Path | None = None,
         env: dict[str, str] | None = None,
+        per_rank_env: dict[int, dict[str, str]] | None = None,
     ) -> Ranks:
         self.count += 1
         spec_path = self.workdir / f"spec-{self.count}.json"
@@ -121,6 +122,7 @@ class Launcher:
                 "RINGMASTER_WORKDIR": str(self.workdir),
                 "PYTHONPATH": str(REPO),
                 **(env or {}),
+                **(per_rank_env or {}).get(rank, {}),
             }
             if socket_path is not None:
                 rank_env["RINGMASTER_CONTROL_SOCKET"] = str(socket_path)

@@ -79,6 +79,9 @@ def test_gpu_bench_smoke_product_path(tmp_path: Path) -> None:
     assert summary["tiny-bf16_compile_s_cold"] == cold["compile_s"][0]
     assert summary["tiny_fp8_over_bf16"] > 0 and "tiny_fp8_ge_bf16" in summary
     assert "tiny-bf16-restart" in stdout  # the final table
+    restart = product["tiny-fp8-kill"]["restart"]  # rank killed after step 3 was durable
+    assert restart["resumed_from"] >= 3 and restart["steps_redone"] >= 0
+    assert 0 < restart["start_s"] <= restart["seconds_to_next_step"] < 120
 
 
 def test_product_plans_submit_valid_job_files(tmp_path: Path) -> None:
@@ -98,9 +101,11 @@ def test_product_plans_submit_valid_job_files(tmp_path: Path) -> None:
             assert (spec.job.name, spec.train.model) == (job.label, job.preset)
             assert spec.job.env["RINGMASTER_COMPILE_CACHE"] == str(tmp_path / "cache")
             assert spec.train.seq_len <= get_preset(job.preset).max_seq_len
-            assert spec.policy.max_restarts == 0 and spec.train.log_every == 1
+            assert spec.policy.max_restarts == (1 if job.kill_at else 0)
+            assert spec.train.log_every == 1
     _, gpu = plan(smoke=False)
     assert {(j.preset, j.precision) for j in gpu} == {
+        ("350m", "fp8"),  # the rank killed: seconds to the next step
         ("1b3", "bf16"),
         ("1b3", "fp8"),
         ("3b", "bf16"),

@@ -40,6 +40,7 @@ def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, P
         Coordination(),
         keep=keep,
         engine="ddp",
+        job="t-0a1b2c",
         on_durable=lambda step, path, stall: reported.append((step, path, stall)),
     )
     return ckpt, reported
@@ -83,7 +84,7 @@ def test_save_seals_manifest_moves_latest_and_prunes(tmp_path: Path) -> None:
     manifest = durable.read_manifest(root / "step-30")
     assert manifest is not None and manifest.step == 30 and manifest.world_size == 1
     assert durable.verify(root / "step-30", manifest, "rank-0.pt")
-    assert manifest.ranks == {"0": ["rank-0.pt"]}
+    assert manifest.ranks == {"0": ["rank-0.pt"]} and manifest.job == "t-0a1b2c"
     assert [r[0] for r in reported] == [10, 20, 30]
     assert not (tmp_path / "staging").exists()  # the staged copy is dropped on close
     assert resumes_from(root) == "step-30"

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from proto.progress import ControlWord
 from trainer.agent_link import AgentLink
-from trainer.control import StepControl
+from trainer.control import UNKNOWN_NORM, StepControl
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +30,18 @@ def _rank(rank: int, port: int, out: str) -> None:
         if link is not None:  # words that arrived during the step
             link.controls.put(ControlWord(action="pause", seq=7))
             link.controls.put(ControlWord(action="checkpoint", seq=8))
-        results = [control.reduce_step(torch.tensor(1.0 + rank), 2)]  # losses 1 and 2
+        # losses 1 and 2; rank 0's gradient norm alone counts; each rank's seconds its own
+        norm = torch.tensor(4.0 + rank)
+        results = [control.reduce_step(torch.tensor(1.0 + rank), 2, norm, 0.25 * (rank + 1))]
         results.append(control.reduce_step(torch.tensor(3.0), 2))  # nothing pending
         if link is not None:
             link.controls.put(ControlWord(action="stop", seq=9))
-        results.append(silent.reduce_step(torch.tensor(0.5), 2))  # no word is carried
-        report = [[loss, d.action.name, d.checkpoint, d.seq] for loss, d in results]
+        results.append(silent.reduce_step(torch.tensor(0.5), 2, 2.0))  # no word is carried
+        report = [
+            [t.loss, d.action.name, d.checkpoint, d.seq, t.grad_norm, t.compute_s]
+            for t in results
+            for d in [t.decision]
+        ]
         Path(f"{out}/rank-{rank}.json").write_text(json.dumps(report))
     finally:
         dist.destroy_process_group()
@@ -48,7 +54,7 @@ def test_every_rank_gets_the_mean_loss_and_rank_0s_decision(tmp_path: Path) -> N
     mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
     for rank in (0, 1):
         assert json.loads((tmp_path / f"rank-{rank}.json").read_text()) == [
-            [1.5, "PAUSE", True, 8],
-            [3.0, "NONE", False, 0],
-            [0.5, "NONE", False, 0],
+            [1.5, "PAUSE", True, 8, 4.0, [0.25, 0.5]],
+            [3.0, "NONE", False, 0, UNKNOWN_NORM, [0.0, 0.0]],
+            [0.5, "NONE", False, 0, 2.0, [0.0, 0.0]],
         ]

@@ -64,11 +64,16 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(
     trace_b.mkdir()
     # interrupted: 6 steps (checkpoints at 3 and 6), then a fresh launch continues to 10
     first = make_spec(train={"steps": 6}, checkpoint={"every_steps": 3, "dir": "a"})
-    assert launch(first, env={"RINGMASTER_TEST_TRACE": str(trace_a)}).wait() == [0, 0]
+    env = {"RINGMASTER_TEST_TRACE": str(trace_a)}
+    assert launch(first, job_id="first-0a1b2c", env=env).wait() == [0, 0]
     second = make_spec(train={"steps": 10}, checkpoint={"every_steps": 3, "dir": "a"})
-    resumed = launch(second, env={"RINGMASTER_TEST_TRACE": str(trace_a)})
+    resumed = launch(second, job_id="second-3d4e5f", env=env)
     assert resumed.wait() == [0, 0], resumed.log(0)
-    assert resumed.events(1, "resumed_from")[0]["step"] == "6"
+    # each manifest names the job that wrote it, and the resume says whose it continued
+    event = resumed.events(1, "resumed_from")[0]
+    assert (event["step"], event["job"]) == ("6", "first-0a1b2c")
+    manifest = durable.read_manifest(tmp_path / "a" / "step-9")
+    assert manifest is not None and manifest.job == "second-3d4e5f"
     # uninterrupted: 10 steps in one go
     straight = make_spec(train={"steps": 10}, checkpoint={"every_steps": 3, "dir": "b"})
     assert launch(straight, env={"RINGMASTER_TEST_TRACE": str(trace_b)}).wait() == [0, 0]

@@ -117,8 +117,9 @@ def test_build_model_logs_which_linears_run_in_float8_and_why(
     fields = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in lines]
     logged = {f["linears"].removeprefix("blocks.*."): f for f in fields if f["event"] == "float8"}
     assert len(lines) == len(logged) == 4  # once per role of linear, not per block
-    assert logged["attn.qkv"] | {"t": "-"} == {
-        "t": "-",  # the log's clock
+    assert logged["attn.qkv"] | {"t": "-", "wall": "-"} == {
+        "t": "-",  # the log's clocks
+        "wall": "-",
         "rank": "0",
         "event": "float8",
         "recipe": "auto",

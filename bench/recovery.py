@@ -1,0 +1,370 @@
+"""Recovery time per fault class, Ringmaster against torchrun elastic, in the same run.
+
+    .venv/bin/python bench/recovery.py [--steps 3000] [--only ringmaster|torchrun]
+        [--cap 150] [--json OUT.json]
+
+Ringmaster: ``coordinatorctl up --nodes 4``, one 2-rank ``examples/tiny.toml`` job
+(checkpoint every 100 steps, ``job.min_nodes=1``, default policy), and the faults one after
+another on the same job, each once the job has trained 30 steps since the last:
+``kill-worker`` on the second node, ``lose-node`` on the second node, ``lose-node`` on the
+rendezvous master's node, ``hang`` (SIGSTOP) of a rank, ``spot-notice=20``. Then the job
+must complete; its final loss is printed beside an uninterrupted run's from the same seed.
+
+torchrun: two ``torchrun --nnodes=1:2 --rdzv-backend=c10d`` agents on this machine (one
+rank each, the first hosts the rendezvous store: the "master node"), the same trainer and
+job file, ``--max-restarts 10``; each fault on a fresh pair, since some leave nothing to
+recover. A spot notice means nothing to torchrun: the node vanishes at its deadline (20 s).
+
+For every fault: seconds from the fault to the first training step of the attempt after
+it (from the ranks' own log lines, ``wall=`` Unix time), and the steps redone (the newest
+step logged before the fault minus the step the next attempt resumed from). ``--cap``
+seconds without a step counts as not recovered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "examples" / "tiny.toml"
+FAULTS = ("rank killed", "node lost", "master node lost", "rank stopped", "spot notice 20 s")
+INJECT = {  # fault → (which of the job's nodes, the inject form)
+    "rank killed": (1, "kill-worker"),
+    "node lost": (1, "lose-node"),
+    "master node lost": (0, "lose-node"),
+    "rank stopped": (1, "hang"),
+    "spot notice 20 s": (0, "spot-notice=20"),
+}
+LINE = re.compile(r"trainer t=\S+ wall=(\S+) rank=(\d+) event=(\w+)(.*)")
+FIELD = re.compile(r"(\w+)=(\S+)")
+BETWEEN = 30  # steps trained between faults
+
+
+@dataclass
+class Result:
+    fault: str
+    seconds: float | None  # None: no step within the cap
+    redone: int | None
+    note: str = ""
+
+
+@dataclass
+class Record:
+    wall: float
+    rank: int
+    event: str
+    fields: dict[str, str]
+
+
+def read_records(paths: list[Path]) -> list[Record]:
+    out = []
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if m := LINE.search(line):
+                out.append(Record(float(m[1]), int(m[2]), m[3], dict(FIELD.findall(m[4]))))
+    return sorted(out, key=lambda r: r.wall)
+
+
+def recovered(records: list[Record], fault_at: float) -> tuple[float, int] | None:
+    """(wall time of the first step of an attempt started after ``fault_at``, the step it
+    resumed from)."""
+    start = next((r for r in records if r.event == "start" and r.wall > fault_at), None)
+    if start is None:
+        return None
+    step = next((r for r in records if r.event == "step" and r.wall > start.wall), None)
+    return None if step is None else (step.wall, int(start.fields.get("step", "0")))
+
+
+def newest_step(records: list[Record], before: float) -> int:
+    steps = [int(r.fields["step"]) for r in records if r.event == "step" and r.wall <= before]
+    return max(steps, default=0)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if (value := predicate()) is not None:
+            return value
+        time.sleep(interval)
+    return None
+
+
+def measure(logs, fault_at: float, cap: float, note: str = "") -> Result:  # type: ignore[no-untyped-def]
+    found = wait_for(lambda: recovered(read_records(logs()), fault_at), cap, 0.1)
+    if found is None:
+        return Result("", None, None, note or f"no training step within {cap:g} s")
+    wall, resumed = found
+    before = newest_step(read_records(logs()), fault_at)
+    return Result("", round(wall - fault_at, 2), max(0, before - resumed), note)
+
+
+# -- Ringmaster ------------------------------------------------------------------------
+
+
+class Ctl:
+    def __init__(self, home: Path, cwd: Path) -> None:
+        self.home, self.cwd = home, cwd
+        self.env = {**os.environ, "RINGMASTER_HOME": str(home)}
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator.ctl.main", *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            cwd=self.cwd,
+            timeout=600,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(f"coordinatorctl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def status(self, job: str) -> dict:  # type: ignore[type-arg]
+        for _ in range(20):
+            try:
+                return json.loads(self("status", job, "--json"))  # type: ignore[no-any-return]
+            except RuntimeError:
+                time.sleep(0.5)
+        raise RuntimeError("status keeps failing")
+
+    def logs(self, job: str) -> list[Path]:
+        return sorted(self.home.glob(f"nodes/*/agent/jobs/{job}/rank-*.log"))
+
+
+def _trained(ctl: Ctl, job: str, step: int, timeout: float) -> dict | None:  # type: ignore[type-arg]
+    def ready() -> dict | None:  # type: ignore[type-arg]
+        s = ctl.status(job)
+        return s if s["state"] == "running" and s["step"] >= step else None
+
+    return wait_for(ready, timeout, 0.3)  # type: ignore[no-any-return]
+
+
+def ringmaster(steps: int, cap: float, root: Path) -> tuple[list[Result], dict[str, object]]:
+    ctl = Ctl(root / "cluster", root)
+    sets = ["--set", f"train.steps={steps}", "--set", "checkpoint.every_steps=100"]
+    ctl("up", "--nodes", "4")
+    results: list[Result] = []
+    try:
+        job = ctl("start", str(TINY), *sets, "--set", "job.min_nodes=1").strip()
+        done_at = 0
+        for fault in FAULTS:
+            status = _trained(ctl, job, done_at + BETWEEN, cap * 2)
+            if status is None:
+                results.append(Result(fault, None, None, "the job did not train again"))
+                break
+            index, form = INJECT[fault]
+            node = status["nodes"][min(index, len(status["nodes"]) - 1)]
+            fault_at = time.time()
+            ctl("inject", node, form)
+            result = measure(lambda: ctl.logs(job), fault_at, cap)
+            result.fault, result.note = fault, f"{form} on {node}; " + result.note
+            results.append(result)
+            done_at = ctl.status(job)["step"]
+            print(f"  {fault}: {result}", file=sys.stderr)
+        final = wait_for(
+            lambda: s if (s := ctl.status(job))["state"] in ("completed", "failed") else None,
+            600,
+            1.0,
+        )
+        baseline = ctl("start", str(TINY), *sets, "--fresh").strip()
+        plain = wait_for(
+            lambda: s if (s := ctl.status(baseline))["state"] in ("completed", "failed") else None,
+            900,
+            1.0,
+        )
+        summary = {
+            "job": final,
+            "uninterrupted_loss": (plain or {}).get("loss"),
+            "faulted_loss": (final or {}).get("loss"),
+        }
+        return results, summary
+    finally:
+        ctl("down", check=False)
+
+
+# -- torchrun elastic ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+def _worker(agent: subprocess.Popen[bytes]) -> int | None:
+    """The trainer process under a torchrun agent."""
+    for child in _children(agent.pid):
+        try:
+            if b"trainer.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+        except OSError:
+            continue
+    return None
+
+
+def torchrun_trial(fault: str, steps: int, cap: float, root: Path) -> Result:
+    work = root / re.sub(r"\W+", "-", fault)
+    work.mkdir(parents=True)
+    port = _free_port()
+    logs = [work / f"agent-{i}.log" for i in range(2)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RINGMASTER_WORKDIR": str(work)}
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=bench",
+        "--max-restarts=10",
+        "--monitor-interval=0.5",
+        "-m",
+        "trainer.worker",
+        "--config",
+        str(work / "job.toml"),
+    ]
+    text = TINY.read_text().replace("steps = 200", f"steps = {steps}")
+    text = text.replace("every_steps = 50", "every_steps = 100")
+    (work / "job.toml").write_text(text)
+    agents: list[subprocess.Popen[bytes]] = []
+    try:
+        for log in logs:
+            with log.open("wb") as out:
+                agents.append(
+                    subprocess.Popen(
+                        argv, cwd=work, env=env, stdout=out, stderr=out, start_new_session=True
+                    )
+                )
+            time.sleep(1.0)  # the first agent hosts the rendezvous store
+        if wait_for(lambda: newest_step(read_records(logs), time.time()) >= BETWEEN or None, 300):
+            pass
+        else:
+            return Result(fault, None, None, "torchrun never trained")
+        fault_at = time.time()
+        note = ""
+        match fault:
+            case "rank killed":
+                os.kill(_worker(agents[1]) or agents[1].pid, signal.SIGKILL)
+            case "node lost":
+                os.killpg(agents[1].pid, signal.SIGKILL)
+            case "master node lost":
+                os.killpg(agents[0].pid, signal.SIGKILL)
+            case "rank stopped":
+                os.kill(_worker(agents[1]) or agents[1].pid, signal.SIGSTOP)
+            case _:
+                time.sleep(20.0)  # nobody listens to the notice: the node vanishes
+                os.killpg(agents[1].pid, signal.SIGKILL)
+                note = "node killed at the deadline"
+        result = measure(lambda: logs, fault_at, cap, note)
+        result.fault = fault
+        return result
+    finally:
+        for agent in agents:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(agent.pid, sig)
+            agent.wait()
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def _cell(r: Result | None) -> str:
+    if r is None:
+        return "—"
+    if r.seconds is None:
+        return "never"
+    return f"{r.seconds:.1f} s ({r.redone} redone)"
+
+
+def table(ours: list[Result], theirs: list[Result]) -> str:
+    by_ours = {r.fault: r for r in ours}
+    by_theirs = {r.fault: r for r in theirs}
+    rows = ["| fault | Ringmaster | torchrun elastic | ratio |", "|---|---|---|---|"]
+    for fault in FAULTS:
+        a, b = by_ours.get(fault), by_theirs.get(fault)
+        ratio = "—"
+        if a and b and a.seconds and b.seconds:
+            ratio = f"{b.seconds / a.seconds:.1f}×"
+        elif a and a.seconds and b and b.seconds is None:
+            ratio = "∞ (torchrun never recovers)"
+        rows.append(f"| {fault} | {_cell(a)} | {_cell(b)} | {ratio} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--only", choices=("ringmaster", "torchrun"))
+    parser.add_argument("--cap", type=float, default=150.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    ours: list[Result] = []
+    theirs: list[Result] = []
+    summary: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="ringmaster-recovery-") as tmp:
+        root = Path(tmp)
+        if args.only != "torchrun":
+            print("Ringmaster: one job, the faults one after another", file=sys.stderr)
+            ours, summary = ringmaster(args.steps, args.cap, root / "ringmaster")
+        if args.only != "ringmaster":
+            print("torchrun elastic: a fresh pair of agents per fault", file=sys.stderr)
+            for fault in FAULTS:
+                theirs.append(torchrun_trial(fault, args.steps, args.cap, root / "torchrun"))
+                print(f"  {fault}: {theirs[-1]}", file=sys.stderr)
+    print(table(ours, theirs))
+    if summary:
+        job = summary.get("job") or {}
+        assert isinstance(job, dict)
+        print(
+            f"\njob {job.get('state')} at step {job.get('step')}, restarts "
+            f"{job.get('restarts')}; final loss {summary['faulted_loss']} vs "
+            f"{summary['uninterrupted_loss']} uninterrupted"
+        )
+        seconds = [r.seconds for r in ours if r.seconds is not None]
+        if seconds:
+            print(f"median {statistics.median(seconds):.1f} s, worst {max(seconds):.1f} s")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "ringmaster": [asdict(r) for r in ours],
+                    "torchrun": [asdict(r) for r in theirs],
+                    "summary": summary,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Rank 0's progress reports, as the job manager takes them in: steps, pauses,
+checkpoints, the end, preflight figures, rewinds after numeric faults and straggler
+windows. A base of :class:`coordinator.jobs.JobManager`, apart only to keep each module
+small; the decisions are the policy's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from coordinator import policy
+from coordinator.goodput import account, charge_lost_work, move_stall
+from proto.events import (
+    EventBase,
+    JobBandwidth,
+    JobCheckpointed,
+    JobPaused,
+    JobResumed,
+    JobRewound,
+    Severity,
+    WorkerStraggler,
+)
+from proto.job import JobRecord, JobState
+from proto.progress import (
+    BandwidthChecked,
+    Checkpointed,
+    Finished,
+    Paused,
+    Progress,
+    Resumed,
+    Rewound,
+    StepDone,
+    Stragglers,
+)
+
+
+class ProgressInputs:
+    jobs: dict[str, JobRecord]
+    publish: Callable[[EventBase], Awaitable[None]]
+    _dirty: set[str]
+    _stepped_at: dict[str, float]  # monotonic time of each job's newest step
+    _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
+
+    async def apply(self, job: JobRecord | None, action: policy.Action) -> None:
+        raise NotImplementedError
+
+    async def on_progress(self, msg: Progress) -> None:
+        job = self.jobs.get(msg.job)
+        if job is None or job.state.terminal:
+            return
+        if msg.attempt and msg.attempt != job.attempt and not isinstance(msg, Checkpointed):
+            return  # an earlier attempt's late word (a durable checkpoint still counts)
+        self._dirty.add(job.id)
+        match msg:
+            case StepDone(step=step, loss=loss):
+                self._stepped_at[job.id] = time.monotonic()
+                job.last_step_at = time.time()
+                if job.state is JobState.STARTING:
+                    job.state = JobState.RUNNING
+                    job.first_step_at = job.first_step_at or time.time()
+                    if job.restarts:
+                        charge_lost_work(job, step - 1)
+                job.step, job.loss = step, loss
+                job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
+                if msg.compile_s is not None:
+                    job.compile_s = msg.compile_s
+            case Paused(step=step):
+                job.state, job.step = JobState.PAUSED, max(job.step, step)
+                job.pauses += 1
+                why = ", ".join(job.pause_reasons) or "operator"
+                await self.publish(JobPaused(job=job.id, step=step, reason=why, message=why))
+            case Resumed(step=step):
+                job.state = JobState.RUNNING
+                await self.publish(JobResumed(job=job.id, step=step, message=f"step {step}"))
+            case Checkpointed(step=step, path=path, stall_s=stall):
+                job.last_checkpoint_step = step
+                if job.state is JobState.CHECKPOINTING:
+                    job.state = JobState.RUNNING
+                move_stall(job, stall)
+                await self.publish(
+                    JobCheckpointed(
+                        job=job.id,
+                        step=step,
+                        path=path,
+                        stall_s=stall,
+                        message=f"step {step} durable at {path} (training blocked {stall:.3f} s)",
+                    )
+                )
+            case Finished(outcome=outcome, step=step):
+                account(job, time.time())  # what came before the word was training
+                job.finished, job.step = outcome, max(job.step, step)
+                for action in policy.all_exited(job):
+                    await self.apply(job, action)
+            case BandwidthChecked():
+                await self._bandwidth(job, msg)
+            case Rewound():
+                await self._rewound(job, msg)
+            case Stragglers():
+                reported = self._straggled.setdefault((job.id, job.attempt), set())
+                for action in policy.on_stragglers(job, msg, reported):
+                    await self.apply(job, action)
+
+    async def _bandwidth(self, job: JobRecord, msg: BandwidthChecked) -> None:
+        """Publish the preflight figures, then let the policy refuse slow nodes."""
+        actions = policy.on_bandwidth(job, msg)
+        refused = sorted(a.node for a in actions if isinstance(a, policy.RefuseNode))
+        figures = ", ".join(f"{node} {gbps:.1f}" for node, gbps in msg.node_gbps.items())
+        await self.publish(
+            JobBandwidth(
+                job=job.id,
+                severity=Severity.WARNING if refused else Severity.INFO,
+                node_gbps=msg.node_gbps,
+                median_gbps=msg.median_gbps,
+                slow=refused,
+                message=f"bus bandwidth GB/s: {figures} (median {msg.median_gbps:.1f})",
+            )
+        )
+        for action in actions:
+            await self.apply(job, action)
+
+    async def _rewound(self, job: JobRecord, msg: Rewound) -> None:
+        job.rewinds += 1
+        job.step = msg.step
+        skipped = f"; data of steps {msg.skip_from}-{msg.skip_to - 1} skipped"
+        await self.publish(
+            JobRewound(
+                job=job.id,
+                severity=Severity.WARNING,
+                from_step=msg.from_step,
+                to_step=msg.step,
+                skip_from=msg.skip_from,
+                skip_to=msg.skip_to,
+                reason=msg.reason,
+                rewinds=job.rewinds,
+                message=f"{msg.reason} at step {msg.from_step}: back to step {msg.step}"
+                + (skipped if msg.skip_to > msg.skip_from else ""),
+            )
+        )
+        for action in policy.on_rewound(job, msg):
+            await self.apply(job, action)
+
+    async def _straggler(self, job: JobRecord, found: policy.ReportStraggler) -> None:
+        self._straggled.setdefault((job.id, job.attempt), set()).add(found.rank)
+        ratio = found.step_s / found.peer_median_s
+        await self.publish(
+            WorkerStraggler(
+                job=job.id,
+                node=found.node,
+                severity=Severity.WARNING,
+                rank=found.rank,
+                attempt=job.attempt,
+                step=job.step,
+                step_s=found.step_s,
+                peer_median_s=found.peer_median_s,
+                ratio=ratio,
+                window_steps=job.spec.policy.straggler_window_steps,
+                message=f"rank {found.rank} on {found.node}: {found.step_s:.3f} s per step, "
+                f"{ratio:.1f}× its peers' median {found.peer_median_s:.3f} s",
+            )
+        )

@@ -1,0 +1,229 @@
+"""Recovery without a NATS server: one fault is one restart, a hang restarts, a gone
+agent is left out at once, evacuations are graceful, spares and shrinking, growing back,
+stragglers and numeric faults — over the in-memory store and fake agents."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_jobs import Cluster, exited, spec
+
+from coordinator import policy
+from coordinator.jobs import JobManager
+from proto.api import SubmitJob
+from proto.commands import Launch, Ping, Stop
+from proto.conditions import Condition, ConditionKind
+from proto.events import (
+    JobFailed,
+    JobGrown,
+    JobRewound,
+    JobShrunk,
+    NodeLost,
+    SpotNotice,
+    WorkerHung,
+    WorkerStraggler,
+)
+from proto.job import JobRecord, JobState
+from proto.progress import Finished, Rewound, StepDone, Stragglers
+
+pytestmark = pytest.mark.anyio
+
+
+async def launched(
+    c: Cluster, m: JobManager, nodes: int = 2, min_nodes: int | None = None, spares: int = 0
+) -> JobRecord:
+    s = spec(nodes)
+    s.job.min_nodes, s.job.spares = min_nodes, spares
+    reply = await m.submit(SubmitJob(spec=s, workdir="/w"))
+    job = m.jobs[reply.job]
+    await m.start_pending(job)
+    await m.on_progress(StepDone(job=job.id, step=5, loss=5.0))
+    assert job.state is JobState.RUNNING
+    return job
+
+
+def hung(job: JobRecord, node: str, rank: int = 1) -> WorkerHung:
+    return WorkerHung(
+        node=node, job=job.id, rank=rank, attempt=job.attempt, step=5, evidence="stopped"
+    )
+
+
+async def test_a_hang_restarts_once_and_a_node_that_hangs_again_is_left_out() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    await m.on_event(hung(job, "node-1"))
+    assert job.state is JobState.RECOVERING and job.restarts == 1 and job.excluded == []
+    assert job.hangs == {"node-1": 1}
+    await m.on_event(hung(job, "node-1"))  # the same attempt's second report: nothing
+    assert job.restarts == 1
+    await m.start_pending(job)
+    await m.on_progress(StepDone(job=job.id, step=6, loss=5.0))
+    await m.on_event(hung(job, "node-1"))
+    assert job.restarts == 2 and job.excluded == ["node-1"] and "left out" in job.reason
+
+
+async def test_a_dead_agent_is_found_by_ping_and_one_fault_costs_one_restart() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    c.agents.down.add("node-1")  # the machine died: its agent answers nothing
+    await m.on_event(exited(job, 0, 1, node="node-0"))  # its peer's rank fails first
+    assert job.state is JobState.RECOVERING and job.restarts == 1
+    assert job.excluded == ["node-1"] and "node-1 silent, left out" in job.reason
+    assert len(c.agents.commands(Ping)) == 1  # node-0 answered; node-1 could not
+    assert not c.agents.commands(Stop, "node-1")  # no waiting on a stop nobody hears
+    await m.on_event(exited(job, 0, None, node="node-0"))  # the restart's own SIGTERM
+    assert job.restarts == 1
+    await m.start_pending(job)
+    assert job.nodes == ["node-0", "node-2"]
+
+
+async def test_a_lost_node_whose_ranks_still_step_is_not_restarted() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    c.registry.nodes["node-1"].last_seen = time.monotonic() - 5.0  # its agent went quiet
+    await m.on_progress(StepDone(job=job.id, step=9, loss=4.0))  # ... ranks still step
+    await m.on_event(NodeLost(node="node-1"))
+    assert job.state is JobState.RUNNING and job.restarts == 0
+
+
+async def test_a_preemption_checkpoints_at_a_boundary_and_resumes_from_there() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    cond = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws")
+    await m.on_event(SpotNotice(node="node-1", condition=cond))
+    [stop, *_] = c.agents.commands(Stop, "node-0")
+    assert isinstance(stop, Stop) and not stop.force and stop.grace_s > 0
+    # the ranks stop themselves at the next boundary, with a durable checkpoint
+    await m.on_progress(Finished(job=job.id, step=6, outcome="stopped"))
+    for rank, node in ((0, "node-0"), (1, "node-1")):
+        await m.on_event(exited(job, rank, 0, node=node))
+    assert job.state is JobState.RECOVERING  # a restart, not the job stopping
+    await m.start_pending(job)
+    assert job.state is JobState.STARTING and job.nodes == ["node-0", "node-2"]
+
+
+async def test_with_no_node_left_a_job_shrinks_to_min_nodes_and_grows_back() -> None:
+    c = Cluster(nodes=2)
+    m = c.leader()
+    job = await launched(c, m, min_nodes=1)
+    await m.on_event(NodeLost(node="node-1"))
+    await m.start_pending(job)
+    assert job.nodes == ["node-0"] and job.world_size == 1
+    shrunk = [e for e in c.events if isinstance(e, JobShrunk)]
+    assert shrunk and shrunk[0].previous_world_size == 2 and shrunk[0].world_size == 1
+    await m.on_progress(StepDone(job=job.id, step=7, loss=4.0))
+    c.beat("node-2")  # a healthy node registers
+    stops = len(c.agents.commands(Stop))
+    await m.tick()
+    assert job.state is JobState.RUNNING  # not before it ran a while on its nodes
+    job.attempt_started_at = time.time() - 60
+    await m.tick()
+    assert job.state is JobState.RECOVERING and job.restarts == 1  # growing is uncharged
+    [grow] = c.agents.commands(Stop)[stops:]
+    assert isinstance(grow, Stop) and not grow.force  # gracefully, from a checkpoint
+    await m.start_pending(job)
+    assert job.nodes == ["node-0", "node-2"]
+    assert any(isinstance(e, JobGrown) and e.world_size == 2 for e in c.events)
+
+
+async def test_without_min_nodes_a_job_waits_then_fails_with_the_reason() -> None:
+    c = Cluster(nodes=2)
+    m = c.leader()
+    job = await launched(c, m)
+    await m.on_event(NodeLost(node="node-1"))
+    await m.start_pending(job)
+    assert job.state is JobState.RECOVERING and "waiting for 2 healthy nodes" in job.reason
+    assert job.waiting_since is not None
+    job.waiting_since -= job.spec.policy.wait_for_nodes_s + 1
+    await m.tick()
+    assert job.state is JobState.FAILED and "waiting for 2 healthy nodes" in job.reason
+    assert isinstance(c.events[-1], JobFailed)
+
+
+async def test_spares_are_held_for_the_job_and_replace_a_lost_node() -> None:
+    c = Cluster(nodes=4)
+    m = c.leader()
+    job = await launched(c, m, spares=1)
+    assert job.nodes == ["node-0", "node-1"] and job.spare_nodes == ["node-2"]
+    other = await m.submit(SubmitJob(spec=spec(2), workdir="/w"))
+    await m.start_pending(m.jobs[other.job])  # node-3 alone is free: it must wait
+    assert m.jobs[other.job].state is JobState.PENDING
+    await m.on_event(NodeLost(node="node-0"))
+    await m.start_pending(job)
+    assert job.nodes == ["node-1", "node-2"]
+    assert not [e for e in c.events if isinstance(e, JobShrunk)]
+
+
+async def test_a_straggler_is_reported_once_and_replaced_when_the_job_has_a_spare() -> None:
+    c = Cluster(nodes=4)
+    m = c.leader()
+    plain = await launched(c, m)
+    slow = Stragglers(job=plain.id, step=20, rank_step_s=[0.1, 0.31], window_steps=20)
+    await m.on_progress(slow)
+    await m.on_progress(slow)
+    found = [e for e in c.events if isinstance(e, WorkerStraggler)]
+    assert len(found) == 1 and found[0].node == "node-1" and found[0].rank == 1
+    assert found[0].ratio == pytest.approx(3.1)
+    assert plain.state is JobState.RUNNING  # no spare: an event only
+    c2 = Cluster(nodes=4)
+    m2 = c2.leader()
+    spared = await launched(c2, m2, spares=1)
+    await m2.on_progress(Stragglers(job=spared.id, rank_step_s=[0.3, 0.1], window_steps=20))
+    assert spared.state is JobState.RECOVERING and spared.restarts == 0
+    assert spared.excluded == ["node-0"]
+    await m2.start_pending(spared)
+    assert spared.nodes == ["node-1", "node-2"]
+
+
+def test_stragglers_compare_each_rank_with_the_median_of_the_others() -> None:
+    assert policy.stragglers([0.1, 0.1, 0.1, 0.16], 1.5) == {3: (0.16, 0.1)}
+    assert policy.stragglers([0.1, 0.1, 0.1, 0.14], 1.5) == {}
+    assert policy.stragglers([0.1], 1.5) == {}
+
+
+async def test_numeric_faults_rewind_until_the_limit_then_fail_with_the_evidence() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    limit = job.spec.policy.max_rewinds
+    bad = Rewound(job=job.id, step=50, from_step=57, skip_from=50, skip_to=58, reason="loss is nan")
+    for _ in range(limit):
+        await m.on_progress(bad)
+    rewound = [e for e in c.events if isinstance(e, JobRewound)]
+    assert len(rewound) == limit and rewound[0].to_step == 50 and rewound[0].skip_to == 58
+    assert "steps 50-57 skipped" in rewound[0].message
+    assert job.state is JobState.RUNNING and job.step == 50
+    await m.on_progress(bad)
+    assert job.state is JobState.FAILED and "loss is nan" in job.reason
+    assert f"over the limit of {limit}" in job.reason
+    assert not c.agents.commands(Launch, "node-2")
+
+
+def test_a_job_whose_checkpoints_cannot_reshard_does_not_shrink() -> None:
+    record = JobRecord(id="j", name="j", spec=spec(4), attempt=1)
+    record.spec.job.min_nodes = 2
+    assert policy.minimum_nodes(record) == 2  # deepspeed ZeRO-1: it reshards
+    record.spec.train.zero_stage = 3
+    assert policy.minimum_nodes(record) == 4
+    record.spec.train.engine = "fsdp"
+    assert policy.minimum_nodes(record) == 2
+    record.attempt = 0  # a first start waits for every node it asked for
+    assert policy.minimum_nodes(record) == 4
+
+
+async def test_a_late_step_of_the_previous_attempt_does_not_make_the_next_one_running() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    await m.on_event(exited(job, 1, 1, node="node-1"))
+    await m.start_pending(job)
+    assert job.state is JobState.STARTING and job.attempt == 2
+    await m.on_progress(StepDone(job=job.id, step=9, loss=4.0, attempt=1))
+    assert job.state is JobState.STARTING
+    await m.on_progress(StepDone(job=job.id, step=6, loss=4.0, attempt=2))
+    assert job.state is JobState.RUNNING

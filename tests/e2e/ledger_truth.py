@@ -1,0 +1,86 @@
+"""Where a job's seconds went, as its ranks saw them: the truth the coordinator's goodput
+ledger is checked against. Read from rank 0's log lines of every attempt (each carries
+``wall=``, the Unix time): its steps (``step_s``), checkpoint stalls and pauses.
+
+Per attempt, training runs from the start of its first step (its end less the attempt's
+median step time: a first step's extra cost is the start's) to the end of its last step,
+less the checkpoint stalls and pauses inside that span. Before the first attempt's first
+step is start-up; between one attempt's last step and the next attempt's first is
+recovery; steps an attempt trained past the checkpoint the next one resumed from are lost
+work (their count × the median step time), taken out of training.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LINE = re.compile(r"trainer t=\S+ wall=(\S+) rank=0 event=(\w+)(.*)")
+FIELD = re.compile(r"(\w+)=(\S+)")
+
+
+@dataclass
+class Attempt:
+    resumed_from: int
+    steps: list[tuple[float, int, float]] = field(default_factory=list)  # wall, step, step_s
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # wall, stall_s
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # paused → resumed walls
+
+
+def attempts(home: Path, job: str) -> list[Attempt]:
+    """Every attempt's rank 0 lines, from every node's ``rank-0.log`` of the job."""
+    lines: list[tuple[float, str, dict[str, str]]] = []
+    for log in home.glob(f"nodes/*/agent/jobs/{job}/rank-0.log"):
+        for text in log.read_text(errors="replace").splitlines():
+            if m := LINE.search(text):
+                lines.append((float(m[1]), m[2], dict(FIELD.findall(m[3]))))
+    out: list[Attempt] = []
+    paused_at: float | None = None
+    for wall, event, fields in sorted(lines, key=lambda line: line[0]):
+        if event == "start":
+            out.append(Attempt(int(fields["step"])))
+        elif not out:
+            continue
+        elif event == "step":
+            out[-1].steps.append((wall, int(fields["step"]), float(fields["step_s"])))
+        elif event == "checkpoint_staged":
+            out[-1].stalls.append((wall, float(fields["stall_s"])))
+        elif event == "paused":
+            paused_at = wall
+        elif event == "resumed" and paused_at is not None:
+            out[-1].pauses.append((paused_at, wall))
+            paused_at = None
+    return out
+
+
+def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
+    """Seconds per ledger bucket (multiply by the world size for GPU-seconds)."""
+    buckets = dict.fromkeys(
+        ("startup", "productive", "paused", "checkpoint_stall", "recovery", "lost_work"), 0.0
+    )
+    previous: Attempt | None = None
+    previous_end = started_at
+    for run in runs:
+        if not run.steps:
+            continue  # stopped before its first step: all of it is the gap to the next
+        median = statistics.median(s for _, _, s in run.steps)
+        begin, end = run.steps[0][0] - median, run.steps[-1][0]
+        buckets["startup" if previous is None else "recovery"] += begin - previous_end
+        if previous is not None:
+            redone = sum(1 for _, step, _ in previous.steps if step > run.resumed_from)
+            pmedian = statistics.median(s for _, _, s in previous.steps)
+            buckets["lost_work"] += redone * pmedian
+            buckets["productive"] -= redone * pmedian
+        inside = sum(s for wall, s in run.stalls if begin < wall <= end)
+        paused = sum(b - a for a, b in run.pauses if begin < a and b <= end)
+        buckets["productive"] += end - begin - inside - paused
+        buckets["paused"] += paused
+        # a stall after the last step (the checkpoint a graceful stop makes) is stall too,
+        # taken out of the gap that follows
+        after = sum(s for wall, s in run.stalls if wall > end)
+        buckets["checkpoint_stall"] += inside + after
+        buckets["recovery"] -= after
+        previous, previous_end = run, end
+    return buckets

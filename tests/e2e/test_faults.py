@@ -1,0 +1,92 @@
+"""Faults an operator can rehearse, one after another on one job of a 4-node cluster, each
+costing exactly one restart: the rendezvous master's machine dies (agent and ranks at
+once), a rank freezes (SIGSTOP: found as hung, the culprit named with its stacks), and a
+spot notice (the ranks checkpoint at the next step and the job resumes from exactly
+there). The job goes on on the nodes left; its goodput ledger, bucket by bucket, agrees
+with what its ranks' own step timestamps say within 1 % of the job's wall time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_harness import Ctl, eventually
+from ledger_truth import attempts, truth
+
+pytestmark = pytest.mark.slow
+
+
+def _restarted(ctl: Ctl, job: str, count: int) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        events = [e for e in ctl.events("--job", job) if e["kind"] == "job.restarted"]
+        return events[count - 1] if len(events) >= count else None
+
+    return eventually(found, 120, lambda: f"no restart #{count}", 0.5)
+
+
+@pytest.mark.timeout(600)
+def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: Path) -> None:
+    ctl("up", "--nodes", "4")
+    job = ctl.start(
+        "tiny.toml",
+        "train.steps=100000",
+        "checkpoint.every_steps=100",
+        "job.min_nodes=1",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+    )
+    ctl.wait(job, lambda s: s["state"] == "running" and s["step"] >= 20)
+    ctl("pause", job)
+    ctl.wait(job, lambda s: s["state"] == "paused")
+    ctl("resume", job)
+    status = ctl.wait(job, lambda s: s["state"] == "running" and s["step"] >= 40)
+    master = status["nodes"][0]
+    ctl("inject", master, "lose-node")
+    first = _restarted(ctl, job, 1)
+    assert master not in first["nodes"] and len(first["nodes"]) == 2
+
+    status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 1)
+    victim = status["nodes"][1]
+    ctl("inject", victim, "hang")
+    [hung] = eventually(
+        lambda: [e for e in ctl.events("--job", job) if e["kind"] == "worker.hung"] or None,
+        60,
+        lambda: "no worker.hung",
+        0.5,
+    )
+    assert hung["node"] == victim and hung["rank"] == 1 and "stopped" in hung["evidence"]
+    assert hung["stacks"], "the culprit's stacks were not captured"
+    _restarted(ctl, job, 2)
+
+    status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 2)
+    noticed = status["nodes"][0]
+    ctl("inject", noticed, "spot-notice=20")
+    third = _restarted(ctl, job, 3)
+    assert noticed not in third["nodes"]
+    events = ctl.events("--job", job)
+    [recovering] = [e for e in events if e["kind"] == "job.recovering"][2:3]
+    assert "preemption" in recovering["reason"]
+    # the ranks checkpointed at the step where they stopped, after the notice, and the
+    # next attempt starts there: nothing is redone
+    stopped_at = [
+        e["step"]
+        for e in events
+        if e["kind"] == "job.checkpointed" and e["time"] > recovering["time"]
+    ]
+    assert stopped_at and third["from_step"] == stopped_at[-1]
+
+    ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 3)
+    ctl("stop", job)
+    final = ctl.wait(job, lambda s: s["state"] == "stopped")
+    assert final["restarts"] == 3  # one per fault
+    assert not [e for e in ctl.events("--job", job) if e["kind"] == "job.failed"]
+
+    # the ledger against the ranks' own account, in seconds of the job's world size
+    assert final["world_size"] == 2
+    wall = final["finished_at"] - final["started_at"]
+    ranks = truth(attempts(ctl.home, job), final["started_at"])
+    ledger = {bucket: gpu_s / 2 for bucket, gpu_s in final["goodput"].items()}
+    off = {b: ledger[b] - seconds for b, seconds in ranks.items()}
+    table = ", ".join(f"{b} {ledger[b]:.2f} vs {ranks[b]:.2f}" for b in ranks)
+    assert all(abs(d) <= 0.01 * wall for d in off.values()), f"wall {wall:.1f} s: {table}"
+    assert ranks["paused"] > 0 and ranks["recovery"] > 0 and ranks["checkpoint_stall"] > 0

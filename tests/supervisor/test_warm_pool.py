@@ -1,0 +1,229 @@
+"""The node agent's spare interpreters with real processes: handed out as ranks, refilled,
+skipped for a cold start when they cannot serve, killed on close; and the supervisor
+running the built-in trainer's ranks in them, recorded and stopped like any rank.
+
+Spares here run ``trainer.warm.serve`` around a stand-in ``main`` (the real trainer
+through a warm interpreter is tests/trainer/test_warm.py), so each is ready in a fraction
+of a second."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from nodeagent.supervisor import Supervisor
+from nodeagent.warm_pool import WarmPool, import_time_difference
+from proto.commands import Launch, RankSpec
+from proto.events import EventBase, WorkerExited
+from proto.job import JobSection, JobSpec
+from proto.progress import Progress
+from proto.warm import WarmLaunch
+from ringmaster.procs import pid_alive, start_time, wait_until_async
+from ringmaster.rundir import JobDir, LiveRank, live_ranks
+
+pytestmark = pytest.mark.anyio
+REPO = Path(__file__).resolve().parents[2]
+
+# A spare: counts its starts, then serves a main that logs its rank and cwd and sleeps
+# ($SLEEP) or returns $CODE.
+SPARE = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    with open({counter!r}, "a") as f:
+        f.write("x")
+    if os.environ.get("SPARE_DIES"):
+        sys.exit(3)
+    time.sleep(float(os.environ.get("SPARE_DELAY", "0")))
+    from trainer.warm import serve
+
+    def main(argv):
+        print("rank", os.environ.get("RANK"), "in", os.getcwd(), flush=True)
+        time.sleep(float(os.environ.get("SLEEP", "0")))
+        return int(os.environ.get("CODE", "0"))
+
+    serve(main)
+    """
+)
+
+
+@pytest.fixture
+def spare(tmp_path: Path) -> list[str]:
+    script = tmp_path / "spare.py"
+    script.write_text(SPARE.format(repo=str(REPO), counter=str(tmp_path / "starts")))
+    return [sys.executable, str(script)]
+
+
+def starts(tmp_path: Path) -> int:
+    path = tmp_path / "starts"
+    return len(path.read_text()) if path.exists() else 0
+
+
+@pytest.fixture
+async def pool(tmp_path: Path, spare: list[str]) -> AsyncIterator[WarmPool]:
+    warm = WarmPool(0, tmp_path / "run" / "warm-pool.log", command=spare)
+    try:
+        yield warm
+    finally:
+        await warm.close()
+
+
+async def until(pred: Callable[[], object], timeout: float = 20.0) -> None:
+    async def holds() -> bool:
+        return bool(pred())
+
+    try:
+        await wait_until_async(holds, timeout, interval=0.02)
+    except TimeoutError:
+        raise AssertionError("condition not met in time") from None
+
+
+def launch_line(tmp_path: Path, **env: str) -> WarmLaunch:
+    return WarmLaunch(
+        env={**os.environ, "RANK": "3", **env}, cwd=str(tmp_path), log=str(tmp_path / "r.log")
+    )
+
+
+async def test_a_ready_spare_becomes_the_rank_and_is_replaced(
+    pool: WarmPool, tmp_path: Path
+) -> None:
+    pool.resize(1)
+    await until(lambda: pool.ready() == 1)
+    [spare] = pool.spares
+    proc = await pool.take(launch_line(tmp_path, CODE="5"))
+    assert proc is spare.proc
+    assert await proc.wait() == 5
+    assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
+    await until(lambda: pool.ready() == 1)  # the replacement
+    assert pool.spares[0].proc.pid != proc.pid and starts(tmp_path) == 2
+
+
+async def test_no_ready_spare_means_a_cold_start(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARE_DELAY", "30")  # still "importing"
+    pool.resize(1)
+    await until(lambda: pool.spares)
+    assert await pool.take(launch_line(tmp_path)) is None
+    assert pool.spares and pool.spares[0].proc.returncode is None  # left to get ready
+
+
+async def test_a_dead_spare_means_a_cold_start_and_a_replacement(
+    pool: WarmPool, tmp_path: Path
+) -> None:
+    pool.resize(1)
+    await until(lambda: pool.ready() == 1)
+    dead = pool.spares[0].proc
+    os.kill(dead.pid, signal.SIGKILL)
+    assert await pool.take(launch_line(tmp_path)) is None  # the agent may not know yet
+    await until(lambda: pool.ready() == 1 and pool.spares[0].proc is not dead)
+    # and once the agent has seen a ready spare die, the next launch replaces it too
+    dead = pool.spares[0].proc
+    os.kill(dead.pid, signal.SIGKILL)
+    await dead.wait()
+    assert await pool.take(launch_line(tmp_path)) is None
+    await until(lambda: pool.ready() == 1 and pool.spares[0].proc is not dead)
+
+
+async def test_a_spare_that_cannot_start_is_not_restarted_in_a_loop(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARE_DIES", "1")
+    pool.resize(1)
+    await until(lambda: starts(tmp_path) == 1 and not pool.spares and not pool._starting)
+    await asyncio.sleep(0.5)
+    assert starts(tmp_path) == 1
+    assert await pool.take(launch_line(tmp_path)) is None  # cold; and one more try
+    await until(lambda: starts(tmp_path) == 2 and not pool.spares and not pool._starting)
+
+
+async def test_an_environment_read_at_import_time_means_a_cold_start(
+    pool: WarmPool, tmp_path: Path
+) -> None:
+    pool.resize(1)
+    await until(lambda: pool.ready() == 1)
+    assert await pool.take(launch_line(tmp_path, LD_PRELOAD="/lib/x.so")) is None
+    assert pool.ready() == 1  # the spare stays for a rank it can serve
+
+
+def test_which_differences_count() -> None:
+    spare = {"PATH": "/bin", "OMP_NUM_THREADS": "8", "PYTHONPATH": "/a"}
+    runtime = {"RANK": "1", "NCCL_DEBUG": "INFO", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert import_time_difference(spare, {**spare, **runtime}) is None
+    assert import_time_difference(spare, {**spare, "OMP_NUM_THREADS": "1"}) is None
+    assert import_time_difference(spare, {**spare, "PYTHONPATH": "/b"}) == "PYTHONPATH"
+    assert import_time_difference(spare, {"PATH": "/bin"}) == "PYTHONPATH"
+    assert import_time_difference(spare, {**spare, "CUDA_VISIBLE_DEVICES": "1"}) == (
+        "CUDA_VISIBLE_DEVICES"
+    )
+
+
+async def test_close_kills_spares_but_not_the_ranks_they_became(
+    pool: WarmPool, tmp_path: Path
+) -> None:
+    pool.resize(2)
+    await until(lambda: pool.ready() == 2)
+    rank = await pool.take(launch_line(tmp_path, SLEEP="600"))
+    assert rank is not None
+    await until(lambda: pool.ready() == 2)
+    spares = [s.proc.pid for s in pool.spares]
+    await pool.close()
+    await until(lambda: not any(pid_alive(p) for p in spares), timeout=5)
+    assert rank.returncode is None and pid_alive(rank.pid)
+    os.killpg(rank.pid, signal.SIGKILL)  # its own session, as for a rank started cold
+    assert await rank.wait() == -signal.SIGKILL
+    pool.resize(1)  # a closed pool starts nothing
+    assert not pool.spares and not pool._starting
+
+
+async def test_the_supervisor_runs_the_trainer_in_a_spare(tmp_path: Path, spare: list[str]) -> None:
+    events: list[EventBase] = []
+
+    async def on_event(event: EventBase) -> None:
+        events.append(event)
+
+    async def on_progress(job: str, message: Progress) -> None:
+        pass
+
+    sup = Supervisor("n", tmp_path / "run", on_event, on_progress, warm_command=spare)
+    try:
+        sup.warm_ranks(1)
+        await until(lambda: sup.warm.ready() == 1)
+        spare_pid = sup.warm.spares[0].proc.pid
+        cmd = Launch(
+            job="j1",
+            attempt=2,
+            ranks=[RankSpec(rank=0, local_rank=0)],
+            spec=JobSpec(job=JobSection(name="j")),
+            env={"SLEEP": "600"},
+            workdir=str(tmp_path),
+        )
+        [pid] = await sup.launch(cmd)
+        assert pid == spare_pid  # the built-in trainer: started warm
+        job = JobDir(sup.run_dir, "j1")
+        assert job.rank_pid(0).read_text() == f"{pid} {start_time(pid)}"
+        assert live_ranks(sup.run_dir) == [LiveRank("j1", 0, pid)]
+        await until(lambda: "rank 0 in" in job.rank_log(0).read_text())
+        await sup.stop("j1", force=True, grace_s=0)  # killpg by the rank's PID
+        [exit_] = [e for e in events if isinstance(e, WorkerExited)]
+        assert exit_.pid == pid and exit_.signal == signal.SIGTERM and exit_.attempt == 2
+        assert live_ranks(sup.run_dir) == []
+        # a user's entry script starts cold, leaving the spare for the trainer
+        await until(lambda: sup.warm.ready() == 1)
+        entry = tmp_path / "entry.py"
+        entry.write_text("import time; time.sleep(600)")
+        [cold] = await sup.launch(Launch(**{**msgspec.structs.asdict(cmd), "argv": [str(entry)]}))
+        assert cold not in {s.proc.pid for s in sup.warm.spares} and sup.warm.ready() == 1
+        assert live_ranks(sup.run_dir) == [LiveRank("j1", 0, cold)]
+    finally:
+        for job_id in list(sup.runs):
+            await sup.stop(job_id, force=True, grace_s=0)
+        await sup.close()

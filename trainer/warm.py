@@ -1,0 +1,169 @@
+"""``python -m trainer.warm``: a rank's interpreter, started before its rank is needed.
+
+A rank started cold pays for the interpreter and for importing torch, DeepSpeed and
+torchao (seconds on every restart) before it does anything for its job. The node agent
+keeps a few of these interpreters ready (``nodeagent.warm_pool``): each imports what the
+worker needs, says ``READY`` on its stdout (kept for these words alone: anything else
+printed goes to stderr, the pool's log), and blocks on one launch line on stdin
+(``proto.warm.WarmLaunch``). Given one, it becomes the rank exactly as ``exec`` would have
+made it: environment replaced whole, working directory, the rank's log on fds 1 and 2,
+``/dev/null`` on fd 0, CPU affinity for every thread; it says ``STARTED`` just before the
+redirection (so the agent knows the hand-over took) and runs ``trainer.worker.main``,
+leaving with its status the way ``python -m trainer.worker`` does (``os._exit`` after
+flushing). Stdin closing without a line (the agent went away) ends it quietly, status 0.
+
+CUDA is not initialised here: which devices a rank sees (``CUDA_VISIBLE_DEVICES``) and how
+it allocates are read when CUDA starts, and that must be the rank's environment. DeepSpeed
+picks its accelerator on import by asking torch whether CUDA is available, so the import
+runs with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (NVML answers; the CUDA driver stays
+unloaded). Settings read at import time by these libraries cannot change afterwards;
+the agent starts a rank cold when its environment differs from the interpreter's in one
+of them (``nodeagent.warm_pool.import_time_difference``).
+
+Importing this module costs nothing heavy: :func:`preload` does the imports, and
+:func:`serve` takes any ``main``, which is how tests drive it without the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import msgspec
+
+from proto.warm import READY, STARTED, WarmLaunch
+
+Main = Callable[[Sequence[str]], int]
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def preload() -> Main:
+    """Import everything the worker imports, and what it imports late (DeepSpeed, FSDP,
+    torchao's float8), without starting CUDA; the worker's ``main``."""
+    before = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"
+    try:
+        import deepspeed
+        import torch
+        import torch.distributed  # noqa: F401
+
+        deepspeed.utils.logger.setLevel(logging.WARNING)
+        with contextlib.suppress(ImportError):
+            import torchao.float8
+            import torchao.float8.float8_linear
+            import torchao.float8.fsdp_utils  # noqa: F401
+        import trainer.engine_deepspeed
+        import trainer.engine_fsdp  # noqa: F401
+        from trainer import worker
+    finally:
+        if before is None:
+            os.environ.pop(NVML_CHECK, None)
+        else:
+            os.environ[NVML_CHECK] = before
+    return worker.main
+
+
+def claim_stdout() -> int:
+    """Keep the agent's pipe on a private descriptor for READY and STARTED alone, and send
+    whatever else is printed to stdout (DeepSpeed prints on import) to stderr, the pool's
+    log. Not inherited by anything the rank starts."""
+    sys.stdout.flush()
+    channel = os.dup(1)  # non-inheritable
+    os.dup2(2, 1)
+    return channel
+
+
+def serve(main: Main, *, channel: int | None = None, started: float | None = None) -> NoReturn:
+    """Say READY, wait for the launch line, become the rank and run ``main``; never
+    returns. ``channel``: from :func:`claim_stdout` (claimed here if not yet)."""
+    if channel is None:
+        channel = claim_stdout()
+    os.write(channel, READY)
+    ready = time.monotonic()
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        os._exit(0)  # the agent closed the pool: nothing to run
+    try:
+        launch = msgspec.json.decode(line, type=WarmLaunch)
+        log_fd = _apply(launch)
+    except (msgspec.DecodeError, msgspec.ValidationError, OSError) as exc:
+        print(f"trainer.warm: cannot take the launch: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)  # no STARTED: the agent starts this rank cold instead
+    os.write(channel, STARTED)
+    _redirect(log_fd)
+    os.close(channel)  # the agent's end sees EOF: the hand-over is complete
+    imports = "" if started is None else f", imports took {ready - started:.2f} s"
+    print(
+        f"trainer.warm: pid {os.getpid()} runs this rank (warm{imports}, "
+        f"idle {time.monotonic() - ready:.2f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    code = _run(main, launch.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _apply(launch: WarmLaunch) -> int:
+    """Environment, directory, CPUs; the log opened. Nothing is redirected yet, so a
+    failure here still reaches the pool's log."""
+    os.environ.clear()  # unsetenv/putenv: C libraries reading getenv see the rank's too
+    os.environ.update(launch.env)
+    os.chdir(launch.cwd)
+    fd = os.open(launch.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if launch.cpus:
+        available = os.sched_getaffinity(0)
+        chosen = {c for c in launch.cpus if c in available} or available
+        # sched_setaffinity(0) is the calling thread only; imports may have started others
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                os.sched_setaffinity(int(task.name), chosen)
+    return fd
+
+
+def _redirect(log_fd: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(devnull)
+    os.close(log_fd)
+
+
+def _run(main: Main, argv: Sequence[str]) -> int:
+    """``main``'s status as the interpreter would have made it its exit status."""
+    module = sys.modules.get(getattr(main, "__module__", ""))
+    sys.argv = [getattr(module, "__file__", None) or sys.argv[0], *argv]
+    try:
+        return main(list(argv))
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # as the interpreter does: die of SIGINT, so the parent sees the signal
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 130
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+if __name__ == "__main__":
+    begun = time.monotonic()
+    words = claim_stdout()
+    serve(preload(), channel=words, started=begun)
