@@ -17,7 +17,7 @@ recover. A spot notice means nothing to torchrun: the node vanishes at its deadl
 
 For every fault: seconds from the fault to the first training step of the attempt after
 it (from the ranks' own log lines, ``wall=`` Unix time), and the steps redone (the newest
-step logged before the fault minus the step the next attempt resumed from). ``--cap``
+step logged before that attempt started minus the step it resumed from). ``--cap``
 seconds without a step counts as not recovered.
 """
 
@@ -50,7 +50,7 @@ INJECT = {  # fault → (which of the job's nodes, the inject form)
 }
 LINE = re.compile(r"trainer t=\S+ wall=(\S+) rank=(\d+) event=(\w+)(.*)")
 FIELD = re.compile(r"(\w+)=(\S+)")
-BETWEEN = 30  # steps trained between faults
+GAP_S = 15.0  # seconds of training between one fault's recovery and the next fault
 
 
 @dataclass
@@ -82,14 +82,16 @@ def read_records(paths: list[Path]) -> list[Record]:
     return sorted(out, key=lambda r: r.wall)
 
 
-def recovered(records: list[Record], fault_at: float) -> tuple[float, int] | None:
-    """(wall time of the first step of an attempt started after ``fault_at``, the step it
-    resumed from)."""
+def recovered(records: list[Record], fault_at: float) -> tuple[float, float, int] | None:
+    """(wall time of the first step of an attempt started after ``fault_at``, the wall time
+    that attempt started, the step it resumed from)."""
     start = next((r for r in records if r.event == "start" and r.wall > fault_at), None)
     if start is None:
         return None
     step = next((r for r in records if r.event == "step" and r.wall > start.wall), None)
-    return None if step is None else (step.wall, int(start.fields.get("step", "0")))
+    if step is None:
+        return None
+    return step.wall, start.wall, int(start.fields.get("step", "0"))
 
 
 def newest_step(records: list[Record], before: float) -> int:
@@ -110,8 +112,10 @@ def measure(logs, fault_at: float, cap: float, note: str = "") -> Result:  # typ
     found = wait_for(lambda: recovered(read_records(logs()), fault_at), cap, 0.1)
     if found is None:
         return Result("", None, None, note or f"no training step within {cap:g} s")
-    wall, resumed = found
-    before = newest_step(read_records(logs()), fault_at)
+    wall, started, resumed = found
+    # every step trained before the next attempt started (after a notice, the ranks train
+    # on until they stop) and not carried over by its checkpoint is redone
+    before = newest_step(read_records(logs()), started)
     return Result("", round(wall - fault_at, 2), max(0, before - resumed), note)
 
 
@@ -157,7 +161,10 @@ def _trained(ctl: Ctl, job: str, step: int, timeout: float) -> dict | None:  # t
     return wait_for(ready, timeout, 0.3)  # type: ignore[no-any-return]
 
 
-def ringmaster(steps: int, cap: float, root: Path) -> tuple[list[Result], dict[str, object]]:
+def ringmaster(
+    steps: int, cap: float, gap: float, root: Path
+) -> tuple[list[Result], dict[str, object]]:
+    root.mkdir(parents=True, exist_ok=True)
     ctl = Ctl(root / "cluster", root)
     sets = ["--set", f"train.steps={steps}", "--set", "checkpoint.every_steps=100"]
     ctl("up", "--nodes", "4")
@@ -166,10 +173,11 @@ def ringmaster(steps: int, cap: float, root: Path) -> tuple[list[Result], dict[s
         job = ctl("start", str(TINY), *sets, "--set", "job.min_nodes=1").strip()
         done_at = 0
         for fault in FAULTS:
-            status = _trained(ctl, job, done_at + BETWEEN, cap * 2)
-            if status is None:
+            if _trained(ctl, job, done_at + 1, cap * 2) is None:
                 results.append(Result(fault, None, None, "the job did not train again"))
                 break
+            time.sleep(gap)
+            status = ctl.status(job)
             index, form = INJECT[fault]
             node = status["nodes"][min(index, len(status["nodes"]) - 1)]
             fault_at = time.time()
@@ -184,6 +192,9 @@ def ringmaster(steps: int, cap: float, root: Path) -> tuple[list[Result], dict[s
             600,
             1.0,
         )
+        # the uninterrupted run gets a cluster of its own: the faults left this one short
+        ctl("down")
+        ctl("up", "--nodes", "2")
         baseline = ctl("start", str(TINY), *sets, "--fresh").strip()
         plain = wait_for(
             lambda: s if (s := ctl.status(baseline))["state"] in ("completed", "failed") else None,
@@ -228,9 +239,16 @@ def _worker(agent: subprocess.Popen[bytes]) -> int | None:
     return None
 
 
-def torchrun_trial(fault: str, steps: int, cap: float, root: Path) -> Result:
+def _lose(agent: subprocess.Popen[bytes]) -> None:
+    """The machine dies: the agent and its workers (each in a session of its own) at once."""
+    for pid in (*_children(agent.pid), agent.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def torchrun_trial(fault: str, steps: int, cap: float, gap: float, root: Path) -> Result:
     work = root / re.sub(r"\W+", "-", fault)
-    work.mkdir(parents=True)
+    work.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     logs = [work / f"agent-{i}.log" for i in range(2)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RINGMASTER_WORKDIR": str(work)}
@@ -263,33 +281,33 @@ def torchrun_trial(fault: str, steps: int, cap: float, root: Path) -> Result:
                     )
                 )
             time.sleep(1.0)  # the first agent hosts the rendezvous store
-        if wait_for(lambda: newest_step(read_records(logs), time.time()) >= BETWEEN or None, 300):
-            pass
-        else:
+        if not wait_for(lambda: newest_step(read_records(logs), time.time()) or None, 300):
             return Result(fault, None, None, "torchrun never trained")
+        time.sleep(gap)
         fault_at = time.time()
         note = ""
         match fault:
             case "rank killed":
                 os.kill(_worker(agents[1]) or agents[1].pid, signal.SIGKILL)
             case "node lost":
-                os.killpg(agents[1].pid, signal.SIGKILL)
+                _lose(agents[1])
             case "master node lost":
-                os.killpg(agents[0].pid, signal.SIGKILL)
+                _lose(agents[0])
             case "rank stopped":
                 os.kill(_worker(agents[1]) or agents[1].pid, signal.SIGSTOP)
             case _:
                 time.sleep(20.0)  # nobody listens to the notice: the node vanishes
-                os.killpg(agents[1].pid, signal.SIGKILL)
+                _lose(agents[1])
                 note = "node killed at the deadline"
         result = measure(lambda: logs, fault_at, cap, note)
         result.fault = fault
         return result
     finally:
         for agent in agents:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
+            for pid in _children(agent.pid):
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(agent.pid, sig)
+                    os.killpg(pid, signal.SIGCONT)
+            _lose(agent)
             agent.wait()
 
 
@@ -324,6 +342,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--only", choices=("ringmaster", "torchrun"))
     parser.add_argument("--cap", type=float, default=150.0)
+    parser.add_argument("--gap", type=float, default=GAP_S)
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     ours: list[Result] = []
@@ -333,11 +353,13 @@ def main() -> int:
         root = Path(tmp)
         if args.only != "torchrun":
             print("Ringmaster: one job, the faults one after another", file=sys.stderr)
-            ours, summary = ringmaster(args.steps, args.cap, root / "ringmaster")
+            ours, summary = ringmaster(args.steps, args.cap, args.gap, root / "ringmaster")
         if args.only != "ringmaster":
             print("torchrun elastic: a fresh pair of agents per fault", file=sys.stderr)
-            for fault in FAULTS:
-                theirs.append(torchrun_trial(fault, args.steps, args.cap, root / "torchrun"))
+            for fault in args.faults:
+                theirs.append(
+                    torchrun_trial(fault, args.steps, args.cap, args.gap, root / "torchrun")
+                )
                 print(f"  {fault}: {theirs[-1]}", file=sys.stderr)
     print(table(ours, theirs))
     if summary:

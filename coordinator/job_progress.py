@@ -40,6 +40,7 @@ class ProgressInputs:
     _dirty: set[str]
     _stepped_at: dict[str, float]  # monotonic time of each job's newest step
     _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
+    _checkpoint_began: dict[str, tuple[int, float]]  # periodic checkpoint: step, monotonic
 
     async def apply(self, job: JobRecord | None, action: policy.Action) -> None:
         raise NotImplementedError
@@ -55,12 +56,16 @@ class ProgressInputs:
             case StepDone(step=step, loss=loss):
                 self._stepped_at[job.id] = time.monotonic()
                 job.last_step_at = time.time()
+                if step % job.spec.checkpoint.every_steps == 0:
+                    self._checkpoint_began[job.id] = (step, time.monotonic())
                 if job.state is JobState.STARTING:
                     job.state = JobState.RUNNING
                     job.first_step_at = job.first_step_at or time.time()
                     if job.restarts:
                         charge_lost_work(job, step - 1)
                 job.step, job.loss = step, loss
+                if step > job.failing_at_step:
+                    job.restarts_in_row = 0  # trained past where it kept failing
                 job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
                 if msg.compile_s is not None:
                     job.compile_s = msg.compile_s
@@ -74,6 +79,9 @@ class ProgressInputs:
                 await self.publish(JobResumed(job=job.id, step=step, message=f"step {step}"))
             case Checkpointed(step=step, path=path, stall_s=stall):
                 job.last_checkpoint_step = step
+                began = self._checkpoint_began.pop(job.id, None)
+                if began is not None and began[0] == step:
+                    job.checkpoint_s = time.monotonic() - began[1]
                 if job.state is JobState.CHECKPOINTING:
                     job.state = JobState.RUNNING
                 move_stall(job, stall)

@@ -31,11 +31,13 @@ from proto.commands import CheckpointNow, Pause, Resume, ResyncClock, Stop
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import (
     EventBase,
+    JobAtRisk,
     JobCompleted,
     JobFailed,
     JobStopped,
     JobSubmitted,
     NodeLost,
+    SpotNotice,
     WorkerExited,
     WorkerHung,
 )
@@ -59,6 +61,7 @@ class JobManager(ProgressInputs):
         self.recovery = Recovery(commander, registry, publish, self.save)
         self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
         self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
+        self._checkpoint_began: dict[str, tuple[int, float]] = {}
         self._dirty: set[str] = set()
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}
@@ -154,6 +157,8 @@ class JobManager(ProgressInputs):
             for action in policy.on_node_condition(event.condition):
                 await self.apply(None, action)
         for job in list(self.jobs.values()):
+            if isinstance(event, SpotNotice) and event.deadline and event.node:
+                await self._warn_at_risk(job, event.node, event.deadline.timestamp() - time.time())
             if isinstance(event, WorkerExited | WorkerHung) and event.job == job.id:
                 if event.attempt != job.attempt:
                     continue
@@ -166,6 +171,21 @@ class JobManager(ProgressInputs):
             progressing = self._stepped_since_silent(job, event)
             for action in policy.decide(job, event, silent, progressing=progressing):
                 await self.apply(job, action)
+
+    async def _warn_at_risk(self, job: JobRecord, node: str, window_s: float) -> None:
+        """Said before the evacuation starts, so the on-call engineer knows what to expect."""
+        if (why := policy.at_risk(job, node, window_s)) is not None:
+            await self.publish(
+                JobAtRisk(
+                    job=job.id,
+                    node=node,
+                    severity=Severity.WARNING,
+                    window_s=window_s,
+                    checkpoint_s=job.checkpoint_s or 0.0,
+                    last_checkpoint_step=job.last_checkpoint_step,
+                    message=why,
+                )
+            )
 
     def _record(self, job: JobRecord, event: WorkerExited | WorkerHung) -> None:
         if isinstance(event, WorkerHung):

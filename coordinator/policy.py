@@ -261,6 +261,23 @@ def minimum_nodes(job: JobRecord) -> int:
     return spec.job.min_nodes
 
 
+def at_risk(job: JobRecord, node: str, window_s: float) -> str | None:
+    """Why a preemption notice of ``window_s`` seconds on ``node`` may cost the job work:
+    shorter than one step plus its measured checkpoint time. None: it fits (or nothing
+    was measured yet: a missing figure is no evidence)."""
+    if job.state not in LIVE or node not in job.nodes or job.checkpoint_s is None:
+        return None
+    if window_s >= job.checkpoint_s:
+        return None
+    since = job.last_checkpoint_step
+    return (
+        f"preemption of {node} in {window_s:.1f} s, shorter than the job's measured checkpoint "
+        f"time {job.checkpoint_s:.1f} s: the work since "
+        + (f"step {since}" if since is not None else "the start")
+        + " may be lost"
+    )
+
+
 def waited_too_long(job: JobRecord, now: float) -> list[Action]:
     """A job that cannot run (too few healthy nodes) fails after ``wait_for_nodes_s``
     with the reason it waited for, instead of waiting forever."""
@@ -299,8 +316,11 @@ def _evacuate(job: JobRecord, node: str, why: str) -> list[Action]:
 def _restart_or_fail(
     job: JobRecord, reason: str, exclude: tuple[str, ...], *, graceful: bool = False
 ) -> list[Action]:
-    if job.restarts >= job.spec.policy.max_restarts:
-        return [FinishJob(JobState.FAILED, f"{reason}; restart budget of {job.restarts} spent")]
+    if job.restarts_in_row >= job.spec.policy.max_restarts:
+        spent = f"restart budget of {job.restarts_in_row} spent"
+        if job.restarts_in_row:
+            spent += f" (restarts in a row without training past step {job.failing_at_step})"
+        return [FinishJob(JobState.FAILED, f"{reason}; {spent}")]
     return [RestartJob(reason, exclude, graceful=graceful)]
 
 

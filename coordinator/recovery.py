@@ -46,6 +46,8 @@ class Recovery:
         job.state, job.reason = JobState.RECOVERING, reason
         if charged:
             job.restarts += 1
+            job.failing_at_step = max(job.step, job.failing_at_step if job.restarts_in_row else 0)
+            job.restarts_in_row += 1
         job.failed_at_step = job.step
         job.excluded = sorted({*job.excluded, *exclude})
         await self.save(job)

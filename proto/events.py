@@ -214,6 +214,15 @@ class JobBandwidth(EventBase, tag="job.bandwidth"):
     slow: list[str] = msgspec.field(default_factory=list)
 
 
+class JobAtRisk(EventBase, tag="job.at_risk"):
+    """A preemption notice shorter than the job's measured checkpoint time: the evacuation
+    may not make its checkpoint durable in time (an addition to the contract's kinds)."""
+
+    window_s: float = 0.0  # from the notice to the deadline
+    checkpoint_s: float = 0.0  # the job's newest checkpoint, from its step to durable
+    last_checkpoint_step: int | None = None  # what a failed evacuation falls back to
+
+
 class JobPaused(EventBase, tag="job.paused"):
     step: int = 0
     reason: str = ""
@@ -320,6 +329,7 @@ Event = (
     | JobSubmitted
     | JobStarted
     | JobBandwidth
+    | JobAtRisk
     | JobPaused
     | JobResumed
     | JobCheckpointed

@@ -93,6 +93,9 @@ class PolicySection(Config):
     clock_max_offset_ms: PositiveFloat = 5.0
     gpu_warn_c: PositiveFloat = 85.0
     gpu_critical_c: PositiveFloat = 92.0
+    # Restarts in a row without the job training past the step it failed at: a job that
+    # keeps failing at the same place (a crash loop) fails; faults far apart, each one
+    # trained past, never exhaust it.
     max_restarts: NonNegative = 3
     heartbeat_missed: Positive = 3
     # The preflight bandwidth check refuses a node whose bus bandwidth is under this
@@ -202,6 +205,12 @@ class JobRecord(msgspec.Struct, kw_only=True):
     spare_nodes: list[str] = msgspec.field(default_factory=list)  # held for it ([job] spares)
     failed_at_step: int = 0  # the step reached before the last restart (for lost_work)
     rewinds: int = 0  # numeric faults the job went back from (job.rewound)
+    # seconds the newest periodic checkpoint took from its step to durable
+    checkpoint_s: float | None = None
+    # charged restarts since the job last trained past the step it failed at (the budget),
+    # and the furthest step those failures had reached
+    restarts_in_row: int = 0
+    failing_at_step: int = 0
     # hangs found per node (worker.hung): a node whose ranks hang twice is left out
     hangs: dict[str, int] = msgspec.field(default_factory=dict)
     # since when the job has waited for enough healthy nodes (policy.wait_for_nodes_s)

@@ -5,6 +5,7 @@ stragglers and numeric faults — over the in-memory store and fake agents."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from test_jobs import Cluster, exited, spec
@@ -15,6 +16,7 @@ from proto.api import SubmitJob
 from proto.commands import Launch, Ping, Stop
 from proto.conditions import Condition, ConditionKind
 from proto.events import (
+    JobAtRisk,
     JobFailed,
     JobGrown,
     JobRewound,
@@ -25,7 +27,7 @@ from proto.events import (
     WorkerStraggler,
 )
 from proto.job import JobRecord, JobState
-from proto.progress import Finished, Rewound, StepDone, Stragglers
+from proto.progress import Checkpointed, Finished, Rewound, StepDone, Stragglers
 
 pytestmark = pytest.mark.anyio
 
@@ -227,3 +229,26 @@ async def test_a_late_step_of_the_previous_attempt_does_not_make_the_next_one_ru
     assert job.state is JobState.STARTING
     await m.on_progress(StepDone(job=job.id, step=6, loss=4.0, attempt=2))
     assert job.state is JobState.RUNNING
+
+
+async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    every = job.spec.checkpoint.every_steps
+    await m.on_progress(StepDone(job=job.id, step=every, loss=4.0, attempt=job.attempt))
+    await m.on_progress(Checkpointed(job=job.id, step=every, path="/c", attempt=job.attempt))
+    assert job.checkpoint_s is not None and job.checkpoint_s >= 0
+    assert policy.at_risk(job, "node-1", 5.0 + job.checkpoint_s) is None  # it fits
+    job.checkpoint_s = 12.0  # as measured on a large model
+    cond = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="gcp")
+    deadline = datetime.now(UTC) + timedelta(seconds=5)
+    await m.on_event(SpotNotice(node="node-1", deadline=deadline, condition=cond))
+    [risk] = [e for e in c.events if isinstance(e, JobAtRisk)]
+    assert risk.checkpoint_s == 12.0 and 4.0 < risk.window_s <= 5.0
+    assert risk.last_checkpoint_step == every and f"since step {every}" in risk.message
+    kinds = [type(e).__name__ for e in c.events]
+    assert kinds.index("JobAtRisk") < kinds.index("JobRecovering")  # said before acting
+    c2 = Cluster()
+    fresh = await launched(c2, c2.leader())
+    assert policy.at_risk(fresh, "node-1", 1.0) is None  # nothing measured: no evidence

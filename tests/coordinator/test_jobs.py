@@ -340,13 +340,26 @@ async def test_recovering_fails_once_the_restart_budget_is_spent() -> None:
     m = c.leader()
     job = await running(c, m)
     job.spec.policy.max_restarts = 1
-    await m.on_event(exited(job, 0, 1))
+    await m.on_progress(StepDone(job=job.id, step=5, loss=4.0))
+    await m.on_event(exited(job, 0, 1))  # failed at step 5
     await m.start_pending(job)
-    await m.on_progress(StepDone(job=job.id, step=2, loss=4.0))
+    await m.on_progress(StepDone(job=job.id, step=5, loss=4.0))  # from a checkpoint, not past
     await m.on_event(exited(job, 0, 1))
     stored = await c.stored(job.id)
     assert stored.state is JobState.FAILED and "restart budget of 1 spent" in stored.reason
     assert isinstance(c.events[-1], JobFailed)
+
+
+async def test_faults_the_job_trained_past_do_not_spend_the_budget() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await running(c, m)
+    job.spec.policy.max_restarts = 1
+    for fault in range(3):
+        await m.on_progress(StepDone(job=job.id, step=10 * (fault + 1), loss=4.0))
+        await m.on_event(exited(job, 0, 1))
+        await m.start_pending(job)
+        assert job.state is JobState.STARTING and job.restarts == fault + 1
 
 
 # -- conditions -----------------------------------------------------------------------

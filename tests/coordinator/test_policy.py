@@ -138,8 +138,12 @@ def test_failed_rank_restarts_within_budget_then_fails() -> None:
     exit_ = WorkerExited(node="node-0", job="t-1", rank=0, exit_code=1, attempt=1)
     [action] = policy.decide(job(), exit_)
     assert isinstance(action, policy.RestartJob) and action.exclude == ()
-    [action] = policy.decide(job(restarts=3), exit_)
+    [action] = policy.decide(job(restarts=3, restarts_in_row=3, failing_at_step=40), exit_)
     assert isinstance(action, policy.FinishJob) and action.state is JobState.FAILED
+    assert "3 spent (restarts in a row without training past step 40)" in action.reason
+    # restarts far apart, each trained past, do not spend the budget
+    [action] = policy.decide(job(restarts=7, restarts_in_row=0), exit_)
+    assert isinstance(action, policy.RestartJob)
 
 
 def test_exits_from_an_earlier_attempt_are_ignored() -> None:
@@ -187,7 +191,7 @@ def test_node_ending_conditions_drain_and_restart_gracefully_without_the_node(
     # graceful: the ranks checkpoint at the next boundary and resume from exactly there
     assert isinstance(restart, policy.RestartJob) and restart.graceful
     assert restart.exclude == ("node-1",) and restart.charged
-    spent = policy.on_condition(job(restarts=3), cond)
+    spent = policy.on_condition(job(restarts=3, restarts_in_row=3), cond)
     assert isinstance(spent[-1], policy.FinishJob) and "budget" in spent[-1].reason
 
 

@@ -90,3 +90,39 @@ def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: 
     table = ", ".join(f"{b} {ledger[b]:.2f} vs {ranks[b]:.2f}" for b in ranks)
     assert all(abs(d) <= 0.01 * wall for d in off.values()), f"wall {wall:.1f} s: {table}"
     assert ranks["paused"] > 0 and ranks["recovery"] > 0 and ranks["checkpoint_stall"] > 0
+
+
+@pytest.mark.timeout(400)
+def test_a_non_finite_loss_rewinds_and_a_slow_node_is_a_straggler(ctl: Ctl, tmp_path: Path) -> None:
+    ctl("up", "--nodes", "2")
+    job = ctl.start(
+        "tiny.toml",
+        "train.steps=100000",
+        "checkpoint.every_steps=20",
+        "policy.straggler_window_steps=10",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+    )
+    ctl.wait(job, lambda s: (s["last_checkpoint_step"] or 0) >= 20)
+    ctl("inject", "node-1", "nan-loss")
+    [rewound] = eventually(
+        lambda: [e for e in ctl.events("--job", job) if e["kind"] == "job.rewound"] or None,
+        60,
+        lambda: "no job.rewound",
+        0.5,
+    )
+    assert rewound["to_step"] % 20 == 0 and rewound["from_step"] > rewound["to_step"]
+    assert rewound["skip_to"] > rewound["skip_from"] and rewound["rewinds"] == 1
+    status = ctl.wait(job, lambda s: s["step"] > rewound["from_step"])
+    assert status["restarts"] == 0 and status["loss"] is not None  # in place, no restart
+
+    ctl("inject", "node-1", "slow=4")
+    [slow] = eventually(
+        lambda: [e for e in ctl.events("--job", job) if e["kind"] == "worker.straggler"] or None,
+        90,
+        lambda: "no worker.straggler",
+        0.5,
+    )
+    assert slow["node"] == "node-1" and slow["rank"] == 1 and slow["ratio"] > 1.5
+    ctl("inject", "node-1", "clear")
+    ctl("stop", job)
+    assert ctl.wait(job, lambda s: s["state"] == "stopped")["rewinds"] == 1
