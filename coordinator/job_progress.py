@@ -12,6 +12,7 @@ from coordinator import policy
 from coordinator.goodput import account, charge_lost_work, move_stall
 from proto.events import (
     EventBase,
+    JobAtRisk,
     JobBandwidth,
     JobCheckpointed,
     JobPaused,
@@ -44,6 +45,27 @@ class ProgressInputs:
 
     async def apply(self, job: JobRecord | None, action: policy.Action) -> None:
         raise NotImplementedError
+
+    async def _at_risk_ahead(self, job: JobRecord) -> None:
+        """The first time a measured checkpoint outlasts the notice the job's nodes may
+        get: say so, and from now on checkpoint often enough (see ``tick``)."""
+        every = policy.bounded_cadence(job)
+        if every is None or job.bounding_checkpoint_at is not None:
+            return
+        job.bounding_checkpoint_at = time.time()
+        notice = job.spec.policy.preemption_notice_s or 0.0
+        await self.publish(
+            JobAtRisk(
+                job=job.id,
+                severity=Severity.WARNING,
+                window_s=notice,
+                checkpoint_s=job.checkpoint_s or 0.0,
+                last_checkpoint_step=job.last_checkpoint_step,
+                message=f"a checkpoint takes {job.checkpoint_s:.1f} s, longer than a "
+                f"{notice:g} s preemption notice: checkpointing every {every:.0f} s to bound "
+                "what a notice can cost",
+            )
+        )
 
     async def on_progress(self, msg: Progress) -> None:
         job = self.jobs.get(msg.job)
@@ -82,6 +104,7 @@ class ProgressInputs:
                 began = self._checkpoint_began.pop(job.id, None)
                 if began is not None and began[0] == step:
                     job.checkpoint_s = time.monotonic() - began[1]
+                    await self._at_risk_ahead(job)
                 if job.state is JobState.CHECKPOINTING:
                     job.state = JobState.RUNNING
                 move_stall(job, stall)

@@ -322,6 +322,9 @@ class JobManager(ProgressInputs):
                     self._starting[job.id] = asyncio.create_task(self._start_logged(job))
             elif why := grow_reason(job, self._free(job), now):
                 await self.apply(job, policy.RestartJob(why, charged=False, graceful=True))
+            elif self._bounding_due(job, now):
+                job.bounding_checkpoint_at = now
+                await self._checkpoint(job, "bounding what a preemption notice can cost")
             exited = self._exited_at.get((job.id, job.attempt))
             if exited is not None and time.monotonic() - exited > OVERDUE_S:
                 for action in policy.overdue(job):
@@ -334,6 +337,13 @@ class JobManager(ProgressInputs):
         if await self.launcher.start(job, self._busy(job)):
             for action in policy.relaunched(job, self.registry.active(job.nodes)):
                 await self.apply(job, action)
+
+    @staticmethod
+    def _bounding_due(job: JobRecord, now: float) -> bool:
+        """A checkpoint is due to bound what a preemption notice can cost the job."""
+        every = policy.bounded_cadence(job)
+        last = job.bounding_checkpoint_at or 0.0
+        return every is not None and job.state is JobState.RUNNING and now - last >= every
 
     def _busy(self, job: JobRecord) -> set[str]:
         """Nodes other live jobs run on or hold as spares."""

@@ -278,6 +278,16 @@ def at_risk(job: JobRecord, node: str, window_s: float) -> str | None:
     )
 
 
+def bounded_cadence(job: JobRecord) -> float | None:
+    """Seconds between the checkpoints that bound what a preemption notice can cost, when
+    the job's measured checkpoint time exceeds ``policy.preemption_notice_s``; None when a
+    notice leaves time to checkpoint (or nothing is measured or expected)."""
+    notice, took = job.spec.policy.preemption_notice_s, job.checkpoint_s
+    if notice is None or took is None or took <= notice:
+        return None
+    return max(notice, took)
+
+
 def waited_too_long(job: JobRecord, now: float) -> list[Action]:
     """A job that cannot run (too few healthy nodes) fails after ``wait_for_nodes_s``
     with the reason it waited for, instead of waiting forever."""

@@ -111,6 +111,11 @@ class PolicySection(Config):
     # over straggler_ratio × the median of its peers'.
     straggler_ratio: Annotated[float, msgspec.Meta(gt=1)] = 1.5
     straggler_window_steps: Annotated[int, msgspec.Meta(ge=3)] = 20
+    # The shortest preemption notice the job's nodes may get (AWS spot 120 s, GCP and Azure
+    # 30 s); unset: none expected. When a measured checkpoint takes longer, the job is at
+    # risk ahead of any notice: it says so (job.at_risk) and checkpoints every
+    # max(notice, checkpoint time) seconds, so a notice costs at most that much work.
+    preemption_notice_s: PositiveFloat | None = None
     # Numeric faults (non-finite loss, gradient-norm explosion): rewind to the newest
     # good checkpoint at most this many times, then fail the job with the evidence.
     max_rewinds: NonNegative = 3
@@ -207,6 +212,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     rewinds: int = 0  # numeric faults the job went back from (job.rewound)
     # seconds the newest periodic checkpoint took from its step to durable
     checkpoint_s: float | None = None
+    # when the coordinator last asked for a checkpoint to bound a preemption's cost
+    bounding_checkpoint_at: float | None = None
     # charged restarts since the job last trained past the step it failed at (the budget),
     # and the furthest step those failures had reached
     restarts_in_row: int = 0

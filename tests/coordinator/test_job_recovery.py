@@ -13,7 +13,7 @@ from test_jobs import Cluster, exited, spec
 from coordinator import policy
 from coordinator.jobs import JobManager
 from proto.api import SubmitJob
-from proto.commands import Launch, Ping, Stop
+from proto.commands import CheckpointNow, Launch, Ping, Stop
 from proto.conditions import Condition, ConditionKind
 from proto.events import (
     JobAtRisk,
@@ -252,3 +252,30 @@ async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first(
     c2 = Cluster()
     fresh = await launched(c2, c2.leader())
     assert policy.at_risk(fresh, "node-1", 1.0) is None  # nothing measured: no evidence
+
+
+async def test_checkpoints_longer_than_the_expected_notice_are_said_and_made_often() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    job.spec.policy.preemption_notice_s = 30.0
+    every = job.spec.checkpoint.every_steps
+    await m.on_progress(StepDone(job=job.id, step=every, loss=4.0, attempt=job.attempt))
+    await m.on_progress(Checkpointed(job=job.id, step=every, path="/c", attempt=job.attempt))
+    assert not [e for e in c.events if isinstance(e, JobAtRisk)]  # fast: it fits a notice
+    job.checkpoint_s = 50.0  # measured on a large model
+    assert policy.bounded_cadence(job) == 50.0
+    await m._at_risk_ahead(job)
+    await m._at_risk_ahead(job)
+    [risk] = [e for e in c.events if isinstance(e, JobAtRisk)]
+    assert risk.window_s == 30.0 and "checkpointing every 50 s" in risk.message
+    job.bounding_checkpoint_at = time.time() - 51
+    await m.tick()
+    [asked] = c.agents.commands(CheckpointNow, "node-0")
+    assert "preemption" in asked.reason  # type: ignore[attr-defined]
+    assert job.state is JobState.CHECKPOINTING
+    job.state = JobState.RUNNING
+    await m.tick()  # not again before another 50 s
+    assert len(c.agents.commands(CheckpointNow)) == 1
+    job.spec.policy.preemption_notice_s = None
+    assert policy.bounded_cadence(job) is None
