@@ -48,12 +48,15 @@ def move_stall(job: JobRecord, seconds: float) -> None:
 def charge_lost_work(job: JobRecord, resumed_at_step: int) -> None:
     """After a restart, steps between the checkpoint resumed from and the step reached
     before the fault are computed twice: their time moves from productive to lost_work,
-    at the job's average productive step time so far."""
+    at the job's recent wall time per step (``job.step_s``: between consecutive steps'
+    reports), else at its average productive step time so far."""
     redo = job.failed_at_step - resumed_at_step
     done = max(job.failed_at_step, 1)
     if redo <= 0 or job.world_size == 0:
         return
     per_step = job.goodput.get("productive", 0.0) / done
+    if job.step_s is not None:
+        per_step = job.step_s * job.world_size
     take = min(redo * per_step, job.goodput.get("productive", 0.0))
     job.goodput["productive"] -= take
     job.goodput["lost_work"] = job.goodput.get("lost_work", 0.0) + take
@@ -70,3 +73,12 @@ def charge_detection(job: JobRecord, now: float) -> None:
     take = min(gpu_s, job.goodput.get("productive", 0.0))
     job.goodput["productive"] = job.goodput.get("productive", 0.0) - take
     job.goodput["recovery"] = job.goodput.get("recovery", 0.0) + take
+
+
+def observe_step_time(job: JobRecord, seconds: float, first: bool) -> None:
+    """One step's wall time into the job's running estimate (an exponential average); an
+    attempt's first step (start-up work, compilation) is left out, as is a zero (no
+    consecutive step to measure from)."""
+    if first or not seconds > 0:
+        return
+    job.step_s = seconds if job.step_s is None else 0.9 * job.step_s + 0.1 * seconds

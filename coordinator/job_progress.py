@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from coordinator import policy
-from coordinator.goodput import account, charge_lost_work, move_stall
+from coordinator.goodput import account, charge_lost_work, move_stall, observe_step_time
 from proto.events import (
     EventBase,
     JobAtRisk,
@@ -42,6 +42,7 @@ class ProgressInputs:
     _stepped_at: dict[str, float]  # monotonic time of each job's newest step
     _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
     _checkpoint_began: dict[str, tuple[int, float]]  # periodic checkpoint: step, monotonic
+    _arrival: dict[str, tuple[int, float]]  # each job's newest step and when it came
 
     async def apply(self, job: JobRecord | None, action: policy.Action) -> None:
         raise NotImplementedError
@@ -76,7 +77,12 @@ class ProgressInputs:
         self._dirty.add(job.id)
         match msg:
             case StepDone(step=step, loss=loss):
-                self._stepped_at[job.id] = time.monotonic()
+                # productive wall time per step: between consecutive steps' arrivals
+                now_m, last = time.monotonic(), self._arrival.get(job.id)
+                between = now_m - last[1] if last and last[0] == step - 1 else None
+                self._arrival[job.id] = (step, now_m)
+                observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
+                self._stepped_at[job.id] = now_m
                 job.last_step_at = time.time()
                 if step % job.spec.checkpoint.every_steps == 0:
                     self._checkpoint_began[job.id] = (step, time.monotonic())
@@ -92,6 +98,7 @@ class ProgressInputs:
                 if msg.compile_s is not None:
                     job.compile_s = msg.compile_s
             case Paused(step=step):
+                self._arrival.pop(job.id, None)  # the pause is not a step's time
                 job.state, job.step = JobState.PAUSED, max(job.step, step)
                 job.pauses += 1
                 why = ", ".join(job.pause_reasons) or "operator"

@@ -62,6 +62,7 @@ class JobManager(ProgressInputs):
         self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
         self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
         self._checkpoint_began: dict[str, tuple[int, float]] = {}
+        self._arrival: dict[str, tuple[int, float]] = {}
         self._dirty: set[str] = set()
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}

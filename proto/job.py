@@ -228,6 +228,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     attempt_started_at: float | None = None  # when the current attempt launched
     first_step_at: float | None = None
     last_step_at: float | None = None  # when rank 0's newest step was reported
+    step_s: float | None = None  # recent wall seconds per step (a running average)
     finished_at: float | None = None
     updated_at: float = 0.0
     accounted_at: float = 0.0

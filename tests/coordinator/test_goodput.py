@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.goodput import account, charge_detection, charge_lost_work, move_stall
+from coordinator.goodput import (
+    account,
+    charge_detection,
+    charge_lost_work,
+    move_stall,
+    observe_step_time,
+)
 from proto.job import GOODPUT_BUCKETS, JobRecord, JobSection, JobSpec, JobState
 
 
@@ -81,3 +87,16 @@ def test_after_rank_0_says_training_ended_the_time_is_idle() -> None:
     j.finished = "completed"  # the ranks are exiting
     account(j, 111.5)
     assert j.goodput["productive"] == 20.0 and j.goodput["idle"] == 3.0
+
+
+def test_lost_work_is_charged_at_the_ranks_own_step_time() -> None:
+    j = JobRecord(id="j", name="j", spec=JobSpec(job=JobSection(name="j")), world_size=2)
+    j.goodput = {"productive": 100.0, "lost_work": 0.0}
+    observe_step_time(j, 9.0, first=True)  # an attempt's first step: start-up work
+    assert j.step_s is None
+    for seconds in (0.5, 0.5, 0.5):
+        observe_step_time(j, seconds, first=False)
+    j.failed_at_step = 40
+    charge_lost_work(j, 30)  # 10 steps redone, 0.5 s each, 2 GPUs
+    assert j.goodput["lost_work"] == pytest.approx(10.0)
+    assert j.goodput["productive"] == pytest.approx(90.0)

@@ -7,7 +7,7 @@ median step time: a first step's extra cost is the start's) to the end of its la
 less the checkpoint stalls and pauses inside that span. Before the first attempt's first
 step is start-up; between one attempt's last step and the next attempt's first is
 recovery; steps an attempt trained past the checkpoint the next one resumed from are lost
-work (their count × the median step time), taken out of training.
+work (their count × that attempt's training time per step), taken out of training.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
         ("startup", "productive", "paused", "checkpoint_stall", "recovery", "lost_work"), 0.0
     )
     previous: Attempt | None = None
-    previous_end = started_at
+    previous_end, previous_per_step = started_at, 0.0
     for run in runs:
         if not run.steps:
             continue  # stopped before its first step: all of it is the gap to the next
@@ -70,12 +70,12 @@ def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
         buckets["startup" if previous is None else "recovery"] += begin - previous_end
         if previous is not None:
             redone = sum(1 for _, step, _ in previous.steps if step > run.resumed_from)
-            pmedian = statistics.median(s for _, _, s in previous.steps)
-            buckets["lost_work"] += redone * pmedian
-            buckets["productive"] -= redone * pmedian
+            buckets["lost_work"] += redone * previous_per_step
+            buckets["productive"] -= redone * previous_per_step
         inside = sum(s for wall, s in run.stalls if begin < wall <= end)
         paused = sum(b - a for a, b in run.pauses if begin < a and b <= end)
         buckets["productive"] += end - begin - inside - paused
+        previous_per_step = (end - begin - inside - paused) / len(run.steps)
         buckets["paused"] += paused
         # a stall after the last step (the checkpoint a graceful stop makes) is stall too,
         # taken out of the gap that follows
