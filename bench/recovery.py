@@ -35,8 +35,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
+
+from ringmaster.procs import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny.toml"
@@ -48,6 +52,7 @@ INJECT = {  # fault → (which of the job's nodes, the inject form)
     "rank stopped": (1, "hang"),
     "spot notice 20 s": (0, "spot-notice=20"),
 }
+T = TypeVar("T")
 LINE = re.compile(r"trainer t=\S+ wall=(\S+) rank=(\d+) event=(\w+)(.*)")
 FIELD = re.compile(r"(\w+)=(\S+)")
 GAP_S = 15.0  # seconds of training between one fault's recovery and the next fault
@@ -99,16 +104,15 @@ def newest_step(records: list[Record], before: float) -> int:
     return max(steps, default=0)
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.1):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if (value := predicate()) is not None:
-            return value
-        time.sleep(interval)
-    return None
+def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float) -> T | None:
+    """``wait_until``'s result, or None when ``timeout`` passes first."""
+    try:
+        return wait_until(predicate, timeout, interval)
+    except TimeoutError:
+        return None
 
 
-def measure(logs, fault_at: float, cap: float, note: str = "") -> Result:  # type: ignore[no-untyped-def]
+def measure(logs: Callable[[], list[Path]], fault_at: float, cap: float, note: str = "") -> Result:
     found = wait_for(lambda: recovered(read_records(logs()), fault_at), cap, 0.1)
     if found is None:
         return Result("", None, None, note or f"no training step within {cap:g} s")
@@ -158,7 +162,7 @@ def _trained(ctl: Ctl, job: str, step: int, timeout: float) -> dict | None:  # t
         s = ctl.status(job)
         return s if s["state"] == "running" and s["step"] >= step else None
 
-    return wait_for(ready, timeout, 0.3)  # type: ignore[no-any-return]
+    return wait_for(ready, timeout, 0.3)
 
 
 def ringmaster(
