@@ -564,8 +564,16 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
         record = await job_record()
         master = record.nodes[0]
         await js.publish(
-            subjects.progress(CLUSTER, agents.job),
-            encode(StepDone(job=agents.job, step=1, time=time.time(), target_steps=200)),
+            subjects.progress(CLUSTER, agents.job, master),
+            encode(
+                StepDone(
+                    job=agents.job,
+                    step=1,
+                    time=time.time(),
+                    target_steps=200,
+                    attempt=record.attempt,
+                )
+            ),
         )
 
         async def running() -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proto import subjects
-from proto.events import CommandRefused, CoordinatorLeader, EventBase, WorkerExited, WorkerHung
+from proto.events import CoordinatorLeader, EventBase
 from ringmaster.auth import Creds, save
 
 JS = "$JS.API"
@@ -80,18 +80,14 @@ def leader_event(cluster: str) -> str:
 
 
 def agent(cluster: str, node: str) -> Permissions:
-    """Its own node's events, heartbeat and commands. Job-scoped events carry no node in
-    their subject, so an agent may publish the job kinds agents emit for any job."""
-    job_kinds = [
-        subjects.event(cluster, "job", "*", _kind(e))
-        for e in (WorkerExited, WorkerHung, CommandRefused)
-    ]
+    """Its own node's events (what it reports about a job's ranks included, filed under
+    the node: ``proto.events.NODE_REPORTED``), heartbeat, progress and commands: every
+    subject it may publish names its node."""
     return Permissions(
         publish=[
             subjects.events_filter(cluster, node=node),
-            *job_kinds,
             subjects.heartbeat(cluster, node),
-            subjects.progress_all(cluster),
+            subjects.progress(cluster, "*", node),
             subjects.clock(cluster),
         ],
         subscribe=[subjects.command(cluster, node), leader_event(cluster)],

@@ -111,7 +111,9 @@ class Agent:
     async def _progress(self, job: str, message: Progress) -> None:
         if self._outbox is not None:
             message.job = job
-            self._outbox.put(subjects.progress(self.config.cluster, job), encode(message))
+            self._outbox.put(
+                subjects.progress(self.config.cluster, job, self.node), encode(message)
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config

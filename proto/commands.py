@@ -54,6 +54,9 @@ class Stop(CommandBase, tag="stop"):
     reason: str = ""
     force: bool = False
     grace_s: float = 10.0
+    # Only ranks of this attempt or an earlier one (0: whatever attempt the node runs): a
+    # stop of an orphan must never reach the attempt launched after it.
+    attempt: int = 0
 
 
 class ResyncClock(CommandBase, tag="resync_clock"):

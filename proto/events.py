@@ -350,8 +350,17 @@ def kind_of(event: EventBase) -> str:
     return str(type(event).__struct_config__.tag)
 
 
+# What an agent reports about a job's ranks: filed under the reporting node, so that the
+# bus' permissions confine an agent to its own node's subjects and the coordinator can
+# tell who speaks (:func:`proto.subjects.sender`).
+NODE_REPORTED = (WorkerExited, WorkerHung, CommandRefused)
+
+
 def scope_of(event: EventBase) -> tuple[str, str]:
-    """The (scope, id) an event is filed under: jobs before nodes, else the cluster."""
+    """The (scope, id) an event is filed under: what a node reports under that node; the
+    coordinators' job events under the job; then nodes; else the cluster."""
+    if event.node and isinstance(event, NODE_REPORTED):
+        return "node", event.node
     if event.job:
         return "job", event.job
     if event.node:

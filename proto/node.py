@@ -39,6 +39,26 @@ class CollectorStatus(msgspec.Struct, kw_only=True):
     error: str = ""
 
 
+class RankReport(msgspec.Struct, kw_only=True):
+    """One rank as its node's agent knows it now: the authoritative word on whether it
+    runs. A rank that exited stays reported, with its code, until the agent launches the
+    next attempt of its job (or forgets the job: ``RANK_MEMORY_S``)."""
+
+    job: str
+    rank: int
+    attempt: int
+    pid: int
+    alive: bool
+    # Set once the rank exited: its code, or the signal that ended it; both None when it
+    # exited while no agent was its parent and it left no exit record (code unknown).
+    exit_code: int | None = None
+    signal: int | None = None
+    last_step: int = 0  # the last step its beat reported (0: none yet)
+
+
+RANK_MEMORY_S = 600.0  # how long an agent keeps reporting a job whose ranks all exited
+
+
 class Heartbeat(msgspec.Struct, kw_only=True):
     node: str
     seq: int
@@ -56,6 +76,11 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     collectors: list[CollectorStatus] = msgspec.field(default_factory=list)
     jobs: list[str] = msgspec.field(default_factory=list)
     metrics_url: str = ""  # the agent's Prometheus endpoint; empty when it serves none
+    # Every rank this agent runs or ran (see RankReport): the coordinator reconciles each
+    # job's expected ranks against these, so a missed worker.exited costs one beat.
+    ranks: list[RankReport] = msgspec.field(default_factory=list)
+    # When this agent process started (wall time): a new value is a restarted agent.
+    started_at: float = 0.0
 
 
 class ClockProbe(msgspec.Struct, kw_only=True):

@@ -57,13 +57,34 @@ def api(cluster: str, verb: str) -> str:
     return f"{ROOT}.{cluster}.api.{verb}"
 
 
-def progress(cluster: str, job: str) -> str:
-    """Per-step trainer progress relayed by rank 0's agent (not persisted)."""
-    return f"{ROOT}.{cluster}.progress.{job}"
+def progress(cluster: str, job: str, node: str) -> str:
+    """Trainer progress relayed by the agent of ``node``, the node hosting rank 0: the
+    subject names the sender, so the bus confines an agent to its own node's word."""
+    return f"{ROOT}.{cluster}.progress.{job}.{node}"
+
+
+def progress_of(cluster: str, job: str) -> str:
+    """Every node's progress subject for ``job`` (a filter)."""
+    return f"{ROOT}.{cluster}.progress.{job}.*"
 
 
 def progress_all(cluster: str) -> str:
-    return f"{ROOT}.{cluster}.progress.*"
+    return f"{ROOT}.{cluster}.progress.*.*"
+
+
+def sender(subject: str) -> str | None:
+    """The node a subject names as its sender: the last token of a progress subject, the
+    id of a ``node``-scoped event's or of a heartbeat's; None for every other subject
+    (the coordinators' own job and cluster events)."""
+    parts = subject.split(".")
+    if len(parts) < 4 or parts[0] != ROOT:
+        return None
+    match parts[2]:
+        case "progress" if len(parts) == 5:
+            return parts[4]
+        case "node" | "hb":
+            return parts[3]
+    return None
 
 
 def clock(cluster: str) -> str:

@@ -101,7 +101,7 @@ async def _events(s: Session, record: JobRecord) -> list[EventBase]:
 
 
 async def _steps(s: Session, job_id: str) -> list[tuple[float, int]]:
-    stream, subject = subjects.progress_stream(s.cluster), subjects.progress(s.cluster, job_id)
+    stream, subject = subjects.progress_stream(s.cluster), subjects.progress_of(s.cluster, job_id)
     out = []
     for stamp, data in await _replay(s, stream, subject, None):
         try:

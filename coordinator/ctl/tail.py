@@ -66,7 +66,9 @@ async def tail(
     s: Session, filters: Filters, since: float | None, follow: bool, as_json: bool
 ) -> int:
     stream = subjects.events_stream(s.cluster)
-    subject = subjects.events_filter(s.cluster, job=filters.job)
+    # A job's events include what its nodes reported, filed under each node: a job filter
+    # is the event's own field (Filters.match), not the subject.
+    subject = subjects.events_filter(s.cluster)
     if since is not None:
         start = datetime.fromtimestamp(time.time() - since, UTC)
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=start)

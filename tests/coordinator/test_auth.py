@@ -37,9 +37,9 @@ def test_an_agent_may_touch_its_own_node_only() -> None:
     assert subjects.events_filter(CLUSTER, node="node-a") in perms.publish
     assert subjects.heartbeat(CLUSTER, "node-a") in perms.publish
     assert subjects.command(CLUSTER, "node-a") in perms.subscribe
-    # job-scoped events agents emit: the job id is in the subject, not the node
-    for kind in ("worker.exited", "worker.hung", "command.refused"):
-        assert subjects.event(CLUSTER, "job", "*", kind) in perms.publish
+    # what it reports about a job names its node, never another's: no job-scoped subject
+    assert subjects.progress(CLUSTER, "*", "node-a") in perms.publish
+    assert not any(".job." in s or ".progress.*.*" in s for s in perms.publish)
     every = " ".join(perms.publish + perms.subscribe)
     assert "node-b" not in every
     assert subjects.api(CLUSTER, "submit") not in perms.publish
