@@ -88,6 +88,13 @@ def build() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="nodes and jobs")
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true")
+    status.add_argument(
+        "-o",
+        "--output",
+        choices=("wide", "json"),
+        help="wide: every column even in a narrow terminal (piped output always has them)",
+    )
+    status.add_argument("--wide", dest="output", action="store_const", const="wide")
     t = sub.add_parser("tail", parents=[common], help="live events")
     t.add_argument("--since", help="replay history from this long ago (90s, 5m, 2h)")
     t.add_argument("--no-follow", dest="follow", action="store_false")
@@ -207,10 +214,10 @@ async def _remote(
             return await _wait(s, reply.job) if args.wait else 0
         if cmd == "status":
             data = await status_json(s, args.job)
-            if args.json:
+            if args.json or args.output == "json":
                 print(json.dumps(data, indent=2))
             else:
-                render(Console(highlight=False), data, args.job)
+                render(Console(highlight=False), data, args.job, wide=args.output == "wide")
             return 0
         if cmd == "tail":
             since = parse_duration(args.since) if args.since else None

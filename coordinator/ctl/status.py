@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+from rich.cells import cell_len
 from rich.console import Console
+from rich.measure import Measurement
+from rich.segment import Segment, Segments
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
@@ -62,13 +68,12 @@ async def status_json(s: Session, job_id: str | None) -> Any:
     }
 
 
-def render(console: Console, data: Any, job_id: str | None) -> None:
+def render(console: Console, data: Any, job_id: str | None, *, wide: bool = False) -> None:
+    """Tables that never cut an id, a state or a number (see :func:`_print`)."""
     if job_id:
         render_job(console, data)
         return
-    table = Table(title="nodes", title_justify="left")
-    for col in ("node", "state", "GPUs", "NVMe µs", "GPU °C", "clock ms", "jobs", "conditions"):
-        table.add_column(col)
+    rows = []
     for n in data["nodes"]:
         tel = n["telemetry"]
         nvme = " ".join(f"{v:.0f}" for v in tel["nvme_latency_us"].values()) or "-"
@@ -78,34 +83,21 @@ def render(console: Console, data: Any, job_id: str | None) -> None:
         # the coordinator drains it
         faults = "; ".join(c["reason"] or c["kind"] for c in n["conditions"])
         faults = faults or n.get("drain_reason") or ""
-        table.add_row(
-            n["id"],
-            _state(n["state"]),
-            str(n["gpus"]),
-            nvme,
-            temps,
-            clock,
-            ",".join(n["jobs"]) or "-",
-            faults,
+        rows.append(
+            [
+                n["id"],
+                _state(n["state"]),
+                str(n["gpus"]),
+                nvme,
+                temps,
+                clock,
+                ", ".join(n["jobs"]) or "-",
+                faults,
+            ]
         )
-    console.print(table)
-    jobs = Table(title="jobs", title_justify="left")
-    for col in (
-        "job",
-        "state",
-        "step",
-        "loss",
-        "tok/s",
-        "MFU",
-        "restarts",
-        "pauses",
-        "ckpt",
-        "nodes",
-        "productive %",
-    ):
-        jobs.add_column(col)
-    for j in data["jobs"]:
-        jobs.add_row(
+    _print(console, "nodes", _NODE_COLUMNS, rows, wide)
+    rows = [
+        [
             j["id"],
             _state(j["state"]),
             f"{j['step']}/{j['target_steps']}",
@@ -115,10 +107,12 @@ def render(console: Console, data: Any, job_id: str | None) -> None:
             str(j["restarts"]),
             str(j["pauses"]),
             str(j["last_checkpoint_step"] or "-"),
-            ",".join(j["nodes"]) or "-",
+            ", ".join(j["nodes"]) or "-",
             _productive(j["goodput"]),
-        )
-    console.print(jobs)
+        ]
+        for j in data["jobs"]
+    ]
+    _print(console, "jobs", _JOB_COLUMNS, rows, wide)
     for c in data["coordinators"]:
         age = time.time() - c["updated_at"]
         console.print(f"{c['id']}: {c['role']} (epoch {c['epoch']}, seen {age:.0f} s ago)")
@@ -126,8 +120,8 @@ def render(console: Console, data: Any, job_id: str | None) -> None:
 
 def render_job(console: Console, j: dict[str, Any]) -> None:
     table = Table(show_header=False, title=f"job {j['id']}", title_justify="left")
-    table.add_column("field", style="bold")
-    table.add_column("value")
+    table.add_column("field", style="bold", no_wrap=True)
+    cells = []
     for key in (
         "state",
         "step",
@@ -154,8 +148,12 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
             value = f"{value:,.0f}"
         elif isinstance(value, list):
             value = ", ".join(value)
-        table.add_row(key, "-" if value in (None, "") else str(value))
-    console.print(table)
+        cells.append((key, "-" if value in (None, "") else str(value)))
+    longest = max(cell_len(w) for _, v in cells for w in Text.from_markup(v).plain.split())
+    table.add_column("value", min_width=longest)  # wraps between words, never inside one
+    for key, value in cells:
+        table.add_row(key, value)
+    _emit(console, _lines(console, table))
     ledger = Table(title="goodput (GPU-seconds)", title_justify="left")
     ledger.add_column("bucket")
     ledger.add_column("GPU-s", justify="right")
@@ -163,7 +161,92 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
     total = sum(j["goodput"].values()) or 1.0
     for bucket, secs in j["goodput"].items():
         ledger.add_row(bucket, f"{secs:.1f}", f"{100 * secs / total:.1f}")
-    console.print(ledger)
+    _emit(console, _lines(console, ledger))
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a list table. ``drop`` orders what a narrow terminal loses first
+    (highest first; 0 never goes); ``wraps`` marks free text, which may wrap. Every other
+    cell (ids, states, numbers) prints whole, so a log or a paste keeps what matters."""
+
+    header: str
+    drop: int = 0
+    wraps: bool = False
+
+
+_NODE_COLUMNS = (
+    Column("node"),
+    Column("state"),
+    Column("GPUs", drop=3),
+    Column("NVMe µs", drop=5),
+    Column("GPU °C", drop=4),
+    Column("clock ms", drop=6),
+    Column("jobs", drop=2, wraps=True),
+    Column("conditions", drop=1, wraps=True),
+)
+_JOB_COLUMNS = (
+    Column("job"),
+    Column("state"),
+    Column("step"),
+    Column("loss", drop=3),
+    Column("tok/s", drop=4),
+    Column("MFU", drop=5),
+    Column("restarts", drop=2),
+    Column("pauses", drop=7),
+    Column("ckpt", drop=6),
+    Column("nodes", drop=8, wraps=True),
+    Column("productive %", drop=1),
+)
+
+
+def _print(
+    console: Console, title: str, columns: Sequence[Column], rows: list[list[str]], wide: bool
+) -> None:
+    """Print a list table the way ``kubectl get`` does: in a terminal too narrow for every
+    column, drop the least important ones (``--wide`` keeps them) and wrap free text; when
+    stdout is not a terminal, print every column at its full width. A table whose kept
+    columns are wider than the terminal is printed wider (the terminal wraps the lines)
+    rather than cutting a cell."""
+    full = wide or not console.is_terminal
+    shown = list(range(len(columns)))
+    while True:
+        table = _table(title, [columns[i] for i in shown], [[r[i] for r in rows] for i in shown])
+        lines = _lines(console, table)
+        droppable = [i for i in shown if columns[i].drop]
+        if full or not droppable or max(map(Segment.get_line_length, lines)) <= console.width:
+            break
+        shown.remove(max(droppable, key=lambda i: columns[i].drop))
+    _emit(console, lines)
+
+
+def _lines(console: Console, table: Table) -> list[list[Segment]]:
+    """The table's lines at the terminal's width (at its natural width when stdout is not a
+    terminal), as rendered: rich may lay cells with a ``min_width`` out wider than asked."""
+    need = Measurement.get(console, console.options.update_width(_UNBOUNDED), table)
+    # never under the table's minimum: there rich would shrink kept cells, down to nothing
+    width = max(need.minimum, console.width) if console.is_terminal else need.maximum
+    return list(Segment.split_lines(console.render(table, console.options.update_width(width))))
+
+
+def _emit(console: Console, lines: list[list[Segment]]) -> None:
+    """Uncropped: kept cells wider than the terminal make longer lines, which it wraps."""
+    console.print(Segments(seg for line in lines for seg in [*line, Segment.line()]), crop=False)
+
+
+def _table(title: str, columns: Sequence[Column], cells: list[list[str]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col, values in zip(columns, cells, strict=True):
+        plain = [col.header] + [Text.from_markup(v).plain for v in values]
+        # free text wraps between words, never inside one (an id in a list stays whole)
+        words = [w for text in plain for w in text.split()] if col.wraps else plain
+        table.add_column(col.header, no_wrap=not col.wraps, min_width=max(map(cell_len, words)))
+    for row in zip(*cells, strict=True):
+        table.add_row(*row)
+    return table
+
+
+_UNBOUNDED = 1 << 16
 
 
 _COLOURS = {

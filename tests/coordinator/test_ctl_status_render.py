@@ -1,8 +1,12 @@
-"""``coordinatorctl status``'s node table says why a node is not ready, whoever saw it."""
+"""``coordinatorctl status``'s node table says why a node is not ready, whoever saw it; its
+tables never cut an id, a state or a number, in a narrow terminal or through a pipe."""
 
 from __future__ import annotations
 
+import io
+
 import msgspec
+import pytest
 from rich.console import Console
 
 from coordinator.ctl.status import render
@@ -65,3 +69,74 @@ def test_jobs_table_shows_speed_and_mfu_where_known() -> None:
     text = console.export_text()
     assert "123,456" in row(text, "j-1") and "47.1 %" in row(text, "j-1")
     assert "47.1" not in row(text, "j-2") and "123,456" in row(text, "j-2")
+
+
+JOBS = [
+    {
+        "id": f"tiny-gpt-38f91{i}",
+        "state": state,
+        "step": 250_000 + i,
+        "target_steps": 1_000_000,
+        "loss": 2.0,
+        "tokens_per_s": 1234567.0,
+        "mfu": 0.4712,
+        "restarts": 12,
+        "pauses": 3,
+        "last_checkpoint_step": 249_000,
+        "nodes": [f"node-{n}" for n in range(4)],
+        "goodput": {"productive": 1.0},
+    }
+    for i, state in enumerate(("checkpointing", "recovering", "running"))
+]
+NODES = [
+    msgspec.to_builtins(
+        NodeRecord(id="gpu-node-0017", state=NodeState.DEGRADED, jobs=[j["id"] for j in JOBS])
+    )
+]
+
+
+def job_row(text: str, job: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"│ {job} "))
+
+
+def shown(width: int | None, wide: bool = False) -> str:
+    """What ``status`` prints: to a terminal ``width`` wide, or to a pipe (None)."""
+    terminal = width is not None
+    console = Console(record=True, width=width, force_terminal=terminal, file=io.StringIO())
+    render(console, {"nodes": NODES, "jobs": JOBS, "coordinators": []}, None, wide=wide)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [40, 80, 200, None])
+def test_ids_states_and_steps_are_never_cut(width: int | None) -> None:
+    text = shown(width)
+    for job in JOBS:
+        line = job_row(text, job["id"])  # the id whole, on its own row ...
+        assert job["state"] in line and f"{job['step']}/1000000" in line  # ... with the rest
+    assert "…" not in text
+    node = row(text, "gpu-node-0017")
+    assert "degraded" in node
+    # a node's job list may wrap, between ids, never inside one
+    assert all(f" {job['id']}" in text for job in JOBS)
+
+
+def test_a_narrow_terminal_drops_the_least_important_columns_and_wide_keeps_them() -> None:
+    narrow = shown(80)
+    assert "restarts" in narrow and "pauses" not in narrow
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    for text in (shown(80, wide=True), shown(None)):
+        header = next(line for line in text.splitlines() if line.startswith("┃ job "))
+        assert all(h in header for h in ("loss", "tok/s", "MFU", "pauses", "ckpt", "nodes"))
+    piped = shown(None)
+    assert "1,234,567" in job_row(piped, JOBS[0]["id"]) and "node-0, node-1" in piped
+
+
+def test_one_job_piped_or_narrow_keeps_its_values_whole() -> None:
+    reason = "nvme.latency:node-1:nvme0n1 paused the job"
+    job = {**JOBS[0], "reason": reason, "pause_reasons": ["nvme.latency:node-1:nvme0n1"]}
+    for width in (40, None):
+        console = Console(record=True, width=width, force_terminal=width is not None)
+        console.file = io.StringIO()
+        render(console, job, job["id"])
+        text = console.export_text()
+        assert "nvme.latency:node-1:nvme0n1" in text and "250000" in text and "…" not in text
