@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+from coordinator.metrics import RETENTION_S
 from coordinator.service import Coordinator
 from proto.subjects import check_token
 from ringmaster.auth import ENV as ENV_CREDS
@@ -42,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--metrics-addr", default="0.0.0.0", help="address /metrics listens on")
     p.add_argument(
+        "--metrics-retention-s",
+        type=float,
+        default=RETENTION_S,
+        help=f"seconds an ended job's series stay on /metrics (default {RETENTION_S:g})",
+    )
+    p.add_argument(
         "--alert-webhook-url-file",
         type=Path,
         help="file holding a Slack-compatible webhook URL for critical events and job ends "
@@ -62,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not ANY_PORT <= args.metrics_port <= 65535:
         print("coordinator: --metrics-port must be -1, 0 or a port number", file=sys.stderr)
+        return 2
+    if not args.metrics_retention_s >= 0:  # NaN too
+        print("coordinator: --metrics-retention-s must be 0 or more seconds", file=sys.stderr)
         return 2
     try:
         alert_url = webhook_url(args.alert_webhook_url_file)
@@ -86,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             replicas=args.replicas,
             metrics_port=args.metrics_port,
             metrics_addr=args.metrics_addr,
+            metrics_retention_s=args.metrics_retention_s,
             alert_url=alert_url,
             creds=args.creds,
         ).run(stop)

@@ -5,11 +5,18 @@ Cluster-wide series come only from the leader so that a ``sum`` over every coord
 counts each job and node once; a standby reports ``ringmaster_coordinator_leader 0`` and
 nothing else of the cluster. The one series updated as things happen is the event →
 decision latency histogram: a latency exists only at the moment a decision is made.
+
+Per-job series carry the training job's id as ``job_name`` (kube-state-metrics' name for a
+Kubernetes Job): ``job`` is the label Prometheus gives every scrape target, and with the
+default ``honor_labels: false`` an exported ``job`` would be renamed ``exported_job``. A
+job that ended is shown for a retention (``--metrics-retention-s``) and then left out, so
+a long-lived leader's exposition does not grow with every job it ever ran.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -23,6 +30,10 @@ from proto.node import NodeState
 
 # From a healthy pause (tens of ms) to a decision stuck behind a stalled bus (seconds).
 DECISION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Long enough for a dashboard to show how a job ended and for alerts on its last values to
+# fire; short enough that a coordinator running thousands of jobs exports the live ones.
+RETENTION_S = 3600.0
+JOB_LABEL = "job_name"
 
 
 class Leading(Protocol):
@@ -51,16 +62,33 @@ def decision_latency(registry: CollectorRegistry) -> Histogram:
     )
 
 
-def registry_for(me: str, election: Leading, nodes: Nodes, jobs: Jobs) -> CollectorRegistry:
-    """A private registry (the global one would add the client's own process metrics)."""
+def registry_for(
+    me: str,
+    election: Leading,
+    nodes: Nodes,
+    jobs: Jobs,
+    retention_s: float = RETENTION_S,
+    clock: Callable[[], float] = time.time,
+) -> CollectorRegistry:
+    """A private registry (the global one would add the client's own process metrics).
+    ``clock`` is the wall clock job records are stamped with (``finished_at``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CoordinatorCollector(me, election, nodes, jobs))
+    registry.register(CoordinatorCollector(me, election, nodes, jobs, retention_s, clock))
     return registry
 
 
 class CoordinatorCollector(Collector):
-    def __init__(self, me: str, election: Leading, nodes: Nodes, jobs: Jobs) -> None:
+    def __init__(
+        self,
+        me: str,
+        election: Leading,
+        nodes: Nodes,
+        jobs: Jobs,
+        retention_s: float,
+        clock: Callable[[], float],
+    ) -> None:
         self.me, self.election, self.nodes, self.jobs = me, election, nodes, jobs
+        self.retention_s, self.clock = retention_s, clock
 
     def collect(self) -> Iterator[Metric]:
         leading = self.election.role is Role.LEADER
@@ -79,7 +107,16 @@ class CoordinatorCollector(Collector):
         yield from (leader, epoch)
         if leading:
             yield node_family(list(dict(self.nodes.nodes).values()))
-            yield from job_families(dict(self.jobs.jobs))
+            yield from job_families(retained(dict(self.jobs.jobs), self.retention_s, self.clock()))
+
+
+def retained(jobs: Mapping[str, JobRecord], retention_s: float, now: float) -> dict[str, JobRecord]:
+    """Every live job, and each ended one until ``retention_s`` after it ended."""
+    return {
+        job_id: job
+        for job_id, job in jobs.items()
+        if not job.state.terminal or (job.finished_at or job.updated_at) + retention_s > now
+    }
 
 
 def node_family(nodes: list[NodeInfo]) -> GaugeMetricFamily:
@@ -93,10 +130,10 @@ def node_family(nodes: list[NodeInfo]) -> GaugeMetricFamily:
 
 def job_families(jobs: Mapping[str, JobRecord]) -> Iterator[Metric]:
     def gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, documentation, labels=["job", *labels])
+        return GaugeMetricFamily(name, documentation, labels=[JOB_LABEL, *labels])
 
     def counter(name: str, documentation: str, *labels: str) -> CounterMetricFamily:
-        return CounterMetricFamily(name, documentation, labels=["job", *labels])
+        return CounterMetricFamily(name, documentation, labels=[JOB_LABEL, *labels])
 
     state = gauge(
         "ringmaster_job_state", "1 for the job's current state, 0 for the others.", "state"

@@ -28,7 +28,7 @@ from coordinator.election import Election, Role
 from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets, KvCasStore, bind, ensure_layout
 from coordinator.leader import Leadership
-from coordinator.metrics import decision_latency, registry_for
+from coordinator.metrics import RETENTION_S, decision_latency, registry_for
 from coordinator.registry import Registry
 from proto import subjects
 from proto.codec import encode, heartbeat_decoder
@@ -51,6 +51,7 @@ class Coordinator:
         replicas: int = 1,
         metrics_port: int = metrics.OFF,
         metrics_addr: str = "0.0.0.0",
+        metrics_retention_s: float = RETENTION_S,
         alert_url: str = "",
         creds: str | None = None,
     ) -> None:
@@ -60,6 +61,7 @@ class Coordinator:
         self.nats_url, self.cluster, self.me, self.ttl = nats_url, cluster, me, ttl
         self.replicas = replicas
         self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
+        self.metrics_retention_s = metrics_retention_s
         self.registry = Registry()
         self._leadership: Leadership | None = None
         self._decisions: Histogram | None = None
@@ -79,7 +81,7 @@ class Coordinator:
         commander = Commander(nc, self.cluster, self.me, lambda: election.epoch)
         jobs = JobManager(KvCasStore(buckets.jobs), commander, self.registry, self.publish)
         self.alerter = Alerter(lambda e: destinations(e, jobs.jobs.values(), self.alert_url))
-        exposition = registry_for(self.me, election, self.registry, jobs)
+        exposition = registry_for(self.me, election, self.registry, jobs, self.metrics_retention_s)
         self._decisions = decision_latency(exposition)
         self.metrics = metrics.serve(
             exposition, self.metrics_port, self.metrics_addr, host=socket.gethostname()

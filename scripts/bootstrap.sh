@@ -4,6 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# promtool and prometheus (Debian's prometheus package) for the metrics tests: installed only
+# as root where apt-get exists and they are missing, never a reason for set-up to fail; the
+# package's service is turned off (the tests start a Prometheus of their own).
+if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
+    && ! { command -v promtool && command -v prometheus; } >/dev/null; then
+    echo "ringmaster: installing Debian's prometheus package (promtool)" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        -o DPkg::Lock::Timeout=300 --no-install-recommends prometheus; } >/dev/null 2>&1 \
+        && { systemctl disable --now prometheus.service >/dev/null 2>&1 || true; } \
+        || echo "ringmaster: prometheus not installed; the tests that need it skip" >&2
+fi
 stamp=.venv/.ringmaster-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then

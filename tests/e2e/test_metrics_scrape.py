@@ -88,11 +88,11 @@ def test_every_daemon_serves_its_metrics(ctl: Ctl, tmp_path: Path) -> None:
         else:
             assert "ringmaster_job_step" not in f  # cluster series from the leader alone
     [leader] = leaders
-    assert samples(leader, "ringmaster_job_state", job=job, state="running") == [1]
-    assert samples(leader, "ringmaster_job_step", job=job)[0] >= 2
-    assert samples(leader, "ringmaster_job_target_steps", job=job) == [100000]
+    assert samples(leader, "ringmaster_job_state", job_name=job, state="running") == [1]
+    assert samples(leader, "ringmaster_job_step", job_name=job)[0] >= 2
+    assert samples(leader, "ringmaster_job_target_steps", job_name=job) == [100000]
     assert samples(leader, "ringmaster_nodes", state="ready") == [2]
-    goodput = samples(leader, "ringmaster_job_goodput_gpu_seconds_total", job=job)
+    goodput = samples(leader, "ringmaster_job_goodput_gpu_seconds_total", job_name=job)
     assert len(goodput) == 7 and sum(goodput) > 0, goodput
     [count] = samples(leader, "ringmaster_event_decision_seconds_count")
     assert count >= 1  # node.registered at least went through the policy

@@ -15,6 +15,10 @@ from metric_states import agent_registry, coordinator, series_names
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "ringmaster.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 METRIC = re.compile(r"ringmaster_[a-z_]+")
+MATCHER = re.compile(r'(\w+)\s*(?:=~|!~|!=|=)\s*"')
+GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+LABEL_VALUES = re.compile(r"label_values\([^,]+,\s*(\w+)\)")
 PANEL_TYPES = {"timeseries", "stat", "table", "gauge", "bargauge", "state-timeline"}
 
 
@@ -89,6 +93,21 @@ def test_every_metric_is_one_the_code_exports(dashboard: dict[str, Any]) -> None
     exported = series_names(agent_registry()) | series_names(coordinator()[0])
     used = {name for e in exprs(dashboard) for name in METRIC.findall(e)}
     assert used, "no metric found: the pattern or the file is wrong"
+    assert used <= exported, f"not exported by any daemon: {sorted(used - exported)}"
+
+
+def test_every_label_is_one_the_code_exports(dashboard: dict[str, Any]) -> None:
+    """A filter, grouping or legend on a label no series carries shows nothing: ``job``
+    is the scrape target's, the training job's id is ``job_name``."""
+    registries = (agent_registry(), coordinator()[0])
+    exported = {k for r in registries for f in r.collect() for s in f.samples for k in s.labels}
+    used = set()
+    for e in exprs(dashboard):
+        used |= set(MATCHER.findall(e)) | set(LABEL_VALUES.findall(e))
+        used |= {label.strip() for group in GROUPING.findall(e) for label in group.split(",")}
+    legends = [t.get("legendFormat", "") for p in dashboard["panels"] for t in p["targets"]]
+    used |= {label for legend in legends for label in LEGEND.findall(legend)}
+    assert {"node", "bucket", "le"} <= used, "the patterns or the file are wrong"
     assert used <= exported, f"not exported by any daemon: {sorted(used - exported)}"
 
 

@@ -19,6 +19,8 @@ NOT_BASE = {
     "mib", "gib", "kilobytes", "megabytes", "gigabytes", "gbps", "mbps", "bps", "fahrenheit",
     "sec", "secs", "temp", "util",
 }  # fmt: skip
+# Labels Prometheus sets on every target: exported ones are renamed ``exported_*``.
+TARGET_LABELS = {"job", "instance"}
 
 
 def exported() -> list[Metric]:
@@ -54,6 +56,8 @@ def problems(family: Metric) -> list[str]:
         for label in sample.labels:
             if not SNAKE.match(label) or (label == "le" and kind != "histogram"):
                 found.append(f"bad label {label!r}")
+            if label in TARGET_LABELS:
+                found.append(f"label {label!r} is the scrape target's")
     return found
 
 
@@ -83,3 +87,6 @@ def test_the_lint_catches_what_promtool_would() -> None:
     ]
     counter = CounterMetricFamily("ringmaster_restarts", "Restarts.")
     assert problems(counter) == []
+    per_job = GaugeMetricFamily("ringmaster_job_step", "Step.", labels=["job"])
+    per_job.add_metric(["tiny-1"], 1)
+    assert problems(per_job) == ["label 'job' is the scrape target's"]
