@@ -2,7 +2,9 @@
 
 Events and progress go through JetStream and wait for the ack; when the publish fails
 (server restarting, stream not yet created by a coordinator) the message is retried in
-order. The queue is bounded: past ``limit`` the oldest message is dropped and logged.
+order, with the shared jittered backoff (:mod:`ringmaster.retry`: every agent's publish
+fails at once when the bus restarts, and they must not all come back at once). The queue
+is bounded: past ``limit`` the oldest message is dropped and logged.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections import deque
 import structlog
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
+
+from ringmaster.retry import retrying_async
 
 log = structlog.get_logger()
 
@@ -34,21 +38,22 @@ class Outbox:
         self._ready.set()
 
     async def run(self) -> None:
-        delay = 0.1
         while True:
             await self._ready.wait()
             while self._queue:
-                subject, payload = self._queue[0]
-                try:
-                    await self._js.publish(subject, payload, timeout=2)
-                except (NatsError, TimeoutError) as exc:
-                    log.debug("publish failed, will retry", subject=subject, error=repr(exc))
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 2.0)
-                    continue
-                delay = 0.1
-                self._queue.popleft()
+                head = self._queue[0]
+                await self._publish(*head)
+                if self._queue and self._queue[0] is head:  # not dropped meanwhile by put()
+                    self._queue.popleft()
             self._ready.clear()
+
+    async def _publish(self, subject: str, payload: bytes) -> None:
+        def note(exc: BaseException, wait_s: float) -> None:
+            log.debug("publish failed, will retry", subject=subject, error=repr(exc))
+
+        await retrying_async((NatsError, TimeoutError), first_s=0.1, cap_s=2.0, note=note)(
+            self._js.publish, subject, payload, timeout=2
+        )
 
     async def drain(self, timeout: float) -> None:
         """Give queued messages a bounded chance to go out (shutdown)."""

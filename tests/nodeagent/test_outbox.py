@@ -1,0 +1,85 @@
+"""The agent's outbox against a JetStream stand-in that fails: messages go out in order
+once publishing works again, and only bus failures are retried."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+import pytest
+from nats.errors import NoServersError
+from nats.js import JetStreamContext
+
+from nodeagent.outbox import Outbox
+from ringmaster.procs import wait_until_async
+
+pytestmark = pytest.mark.anyio
+
+
+class Bus:
+    """``publish`` raises ``failures`` in turn, and while ``down``; else records what it
+    was given."""
+
+    def __init__(self, *failures: BaseException) -> None:
+        self.failures, self.tries, self.sent = list(failures), 0, list[bytes]()
+        self.down = False
+
+    async def publish(self, subject: str, payload: bytes, timeout: float) -> None:
+        self.tries += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        if self.down:
+            raise NoServersError
+        self.sent.append(payload)
+
+
+async def run(bus: Bus, *payloads: bytes) -> tuple[Outbox, asyncio.Task[None]]:
+    outbox = Outbox(cast(JetStreamContext, bus))
+    for payload in payloads:
+        outbox.put("s", payload)
+    return outbox, asyncio.create_task(outbox.run())
+
+
+async def test_a_bus_outage_is_retried_and_order_kept() -> None:
+    bus = Bus(NoServersError(), TimeoutError(), NoServersError())
+    _, task = await run(bus, b"1", b"2", b"3")
+    try:
+
+        async def all_sent() -> bool:
+            return len(bus.sent) == 3
+
+        await wait_until_async(all_sent, timeout=10)
+        assert bus.sent == [b"1", b"2", b"3"] and bus.tries == 6
+    finally:
+        task.cancel()
+
+
+async def test_anything_but_a_bus_failure_is_not_retried() -> None:
+    bus = Bus(ValueError("a bug"))
+    _, task = await run(bus, b"1")
+    with pytest.raises(ValueError, match="a bug"):
+        await asyncio.wait_for(task, timeout=10)
+    assert bus.tries == 1
+
+
+async def test_a_message_dropped_while_it_is_retried_does_not_take_the_next_with_it() -> None:
+    bus = Bus()
+    bus.down = True
+    outbox, task = await run(bus, b"old")
+    outbox._limit = 1  # full: the next put drops b"old", which is being retried
+    try:
+
+        async def tried() -> bool:
+            return bus.tries >= 1
+
+        await wait_until_async(tried, timeout=10)
+        outbox.put("s", b"new")
+        bus.down = False
+
+        async def new_sent() -> bool:
+            return b"new" in bus.sent
+
+        await wait_until_async(new_sent, timeout=10)
+        assert outbox.dropped == 1 and b"new" in bus.sent
+    finally:
+        task.cancel()
