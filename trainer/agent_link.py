@@ -2,8 +2,8 @@
 
 One JSON object a line over a Unix stream socket (``proto.progress``). Training must never
 wait on, or die with, the agent: :meth:`AgentLink.send` only appends to a bounded outbox,
-and one background thread connects (retrying with backoff while the agent is away or
-restarting), writes the outbox in order and starts a reader per connection that queues the
+and one background thread connects (retrying with jittered backoff while the agent is away
+or restarting), writes the outbox in order and starts a reader per connection that queues the
 control words it receives. Messages queued while disconnected go out on the next
 connection; if the agent stays away long enough to fill the outbox, the oldest are dropped
 (a later StepDone supersedes them anyway).
@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 
 from proto.progress import ControlWord, Progress
+from ringmaster.retry import retrying
 
 OUTBOX_LIMIT = 1024
 _BACKOFF_MIN_S = 0.05
@@ -71,17 +72,10 @@ class AgentLink:
     # -- background thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = _BACKOFF_MIN_S
         while not (self._closing.is_set() and not self._outbox):
             sock = self._connect()
             if sock is None:
-                if self._closing.is_set():
-                    return  # no agent to flush to
-                self._wake.wait(backoff)
-                self._wake.clear()
-                backoff = min(2 * backoff, _BACKOFF_MAX_S)
-                continue
-            backoff = _BACKOFF_MIN_S
+                return  # closing, and no agent to flush to
             self.connections += 1
             dead = threading.Event()
             threading.Thread(
@@ -96,12 +90,30 @@ class AgentLink:
                 sock.close()
 
     def _connect(self) -> socket.socket | None:
+        """A connection, retried with the shared jittered backoff while the agent is away
+        (every rank 0 of a node comes back at once after the agent restarts); None once
+        the link is closing and the agent still is not there. Closing cuts a wait short."""
+        try:
+            return retrying(
+                (OSError,),
+                first_s=_BACKOFF_MIN_S,
+                cap_s=_BACKOFF_MAX_S,
+                give_up=self._closing.is_set,
+                sleep=self._pause,
+            )(self._dial)
+        except OSError:
+            return None
+
+    def _pause(self, seconds: float) -> None:
+        self._closing.wait(seconds)
+
+    def _dial(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(self.path))
         except OSError:
             sock.close()
-            return None
+            raise
         sock.settimeout(_SEND_TIMEOUT_S)
         return sock
 
