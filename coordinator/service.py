@@ -18,6 +18,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from prometheus_client import Histogram
 
@@ -36,6 +37,7 @@ from proto.events import CoordinatorLeader, EventBase
 from proto.node import CoordinatorRecord
 from ringmaster import clock_responder, metrics, systemd_notify
 from ringmaster.bus import connect, publish_event
+from ringmaster.retry import retrying_async
 
 log = structlog.get_logger()
 CANARY_S = 0.5  # the bus counts as out after Registry.bus_outage_s without a canary
@@ -162,17 +164,18 @@ class Coordinator:
 
     async def _layout(self, js: JetStreamContext, stop: asyncio.Event) -> Buckets:
         """Streams and buckets, retried while JetStream is not ready (a clustered server
-        still electing its meta leader, say)."""
-        delay = 0.2
-        while True:
-            try:
-                return await ensure_layout(js, self.cluster, self.replicas)
-            except Exception as exc:
-                if stop.is_set():
-                    raise
-                log.warning("JetStream not ready, retrying", error=repr(exc))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        still electing its meta leader, say) until asked to stop."""
+
+        def note(exc: BaseException, wait_s: float) -> None:
+            log.warning("JetStream not ready, retrying", error=repr(exc), in_s=round(wait_s, 2))
+
+        return await retrying_async(
+            (NatsError, TimeoutError, OSError),
+            first_s=0.2,
+            cap_s=2.0,
+            give_up=stop.is_set,
+            note=note,
+        )(ensure_layout, js, self.cluster, self.replicas)
 
     async def publish(self, event: EventBase) -> None:
         # Alerted before the stream has it: a job's end is told even while JetStream is out.
