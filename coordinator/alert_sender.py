@@ -1,9 +1,13 @@
 """Sending alerts (decided in :mod:`.alerts`) to webhooks without ever holding up the
 coordinator: :meth:`Alerter.notify` only decides and enqueues; each URL has its own bounded
 queue (oldest dropped first, counted) drained by its own task, rate-limited by a token
-bucket and retried with exponential backoff, so a dead or slow chat service delays only
-its own messages. HTTP is a minimal HTTP/1.1 POST over ``asyncio.open_connection`` (TLS
-with the default context for https): no dependency for one request shape.
+bucket and retried with the shared jittered backoff (:mod:`ringmaster.retry`), so a dead
+or slow chat service delays only its own messages.
+
+HTTP is httpx's: proxies from the environment (``HTTPS_PROXY``, ``HTTP_PROXY``,
+``NO_PROXY``), credentials in the URL sent as basic auth, TLS verified against the system's
+trust store (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured), a timeout on each of connect,
+write, read and pool, and redirects not followed: a POST that moved is the URL's fault.
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httpx
 import structlog
 
 from coordinator.alerts import Alert, AlertPolicy, AlertSettings, TokenBucket, payload
 from proto.events import EventBase
+from ringmaster.retry import retrying_async
 
 log = structlog.get_logger()
 QUEUE = 256  # messages waiting per URL; beyond it the oldest is dropped
@@ -31,52 +37,51 @@ IDLE_TICK_S = 0.25  # how often held node alerts are looked at
 @dataclass(frozen=True)
 class Retry:
     attempts: int = 5
-    first_delay_s: float = 0.5
+    first_delay_s: float = 0.5  # the first wait is within [0, this], doubling to the cap
     max_delay_s: float = 30.0
     timeout_s: float = 10.0
 
 
-class HttpError(Exception):
-    pass
+class Busy(Exception):
+    """The service answered that it cannot take the message now (429 or 5xx)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"HTTP {code}")
+        self.code = code
 
 
-async def post_json(url: str, body: bytes, timeout: float) -> int:
-    """POST ``body`` as JSON; the response's status code. Connection errors and timeouts
-    raise (OSError, TimeoutError, HttpError)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise HttpError(f"not an http(s) URL: {parts.scheme}://{parts.hostname or ''}")
-    tls = ssl.create_default_context() if parts.scheme == "https" else None
-    port = parts.port or (443 if tls else 80)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc.rpartition('@')[2]}\r\n"
-        "Content-Type: application/json\r\nUser-Agent: ringmaster-coordinator\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+# What retrying can help with: the network, the proxy, a timeout, a garbled answer, a busy
+# service (not a URL httpx cannot speak to, nor one it refuses to send).
+RETRIED = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.ProxyError,
+    httpx.RemoteProtocolError,
+    Busy,
+)
+# What makes a message undeliverable for good: RETRIED once tries are spent, or a URL
+# httpx cannot even parse.
+FAILED = (httpx.HTTPError, httpx.InvalidURL, Busy)
+
+
+def client(retry: Retry) -> httpx.AsyncClient:
+    """The one HTTP client of the coordinator's alerting (its pool is shared by all URLs)."""
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(retry.timeout_s),
+        follow_redirects=False,
+        verify=ssl.create_default_context(),
+        trust_env=True,
+        headers={"User-Agent": "ringmaster-coordinator"},
     )
-
-    async def exchange() -> int:
-        reader, writer = await asyncio.open_connection(parts.hostname, port, ssl=tls)
-        try:
-            writer.write(head.encode() + body)
-            await writer.drain()
-            status = (await reader.readline()).split()
-            if len(status) < 2 or not status[1].isdigit():
-                raise HttpError(f"malformed status line {b' '.join(status)!r}")
-            return int(status[1])
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    return await asyncio.wait_for(exchange(), timeout)
 
 
 class Webhook:
     """One URL's queue and the task that drains it."""
 
-    def __init__(self, url: str, settings: AlertSettings, retry: Retry) -> None:
-        self.url, self.retry = url, retry
+    def __init__(
+        self, url: str, settings: AlertSettings, retry: Retry, http: httpx.AsyncClient
+    ) -> None:
+        self.url, self.retry, self.http = url, retry, http
         self.bucket = TokenBucket(settings.rate_per_s, settings.burst, time.monotonic())
         self.queue: collections.deque[bytes] = collections.deque()
         self.sent = self.dropped = self.failed = 0
@@ -106,27 +111,35 @@ class Webhook:
                 await self._deliver(self.queue.popleft())
 
     async def _deliver(self, body: bytes) -> None:
-        """Retried on connection errors, timeouts, 429 and 5xx; another 4xx is the
-        message's or the URL's fault and retrying cannot help."""
-        delay, outcome = self.retry.first_delay_s, ""
-        for attempt in range(1, self.retry.attempts + 1):
-            try:
-                code = await post_json(self.url, body, self.retry.timeout_s)
-            except (OSError, TimeoutError, HttpError) as exc:
-                outcome = repr(exc)
-            else:
-                if 200 <= code < 300:
-                    self.sent += 1
-                    return
-                outcome = f"HTTP {code}"
-                if code < 500 and code != 429:
-                    break
-            if attempt < self.retry.attempts:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.retry.max_delay_s)
+        """Retried on connection, proxy and protocol errors, timeouts, 429 and 5xx; any
+        other answer is final (a 4xx is the message's or the URL's fault, a 3xx a URL
+        that moved: retrying cannot help)."""
+        retrying = retrying_async(
+            RETRIED,
+            first_s=self.retry.first_delay_s,
+            cap_s=max(self.retry.max_delay_s, self.retry.first_delay_s),
+            attempts=self.retry.attempts,
+        )
+        try:
+            code: int = await retrying(self._post, body)
+        except FAILED as exc:
+            outcome = str(exc) if isinstance(exc, Busy) else repr(exc)
+        else:
+            if 200 <= code < 300:
+                self.sent += 1
+                return
+            outcome = f"HTTP {code}"
         self.failed += 1
         # the URL may embed a token: log only where it points
         log.warning("alert not delivered", to=urlsplit(self.url).hostname, outcome=outcome)
+
+    async def _post(self, body: bytes) -> int:
+        response = await self.http.post(
+            self.url, content=body, headers={"Content-Type": "application/json"}
+        )
+        if response.status_code == 429 or response.status_code >= 500:
+            raise Busy(response.status_code)
+        return response.status_code
 
 
 class Alerter:
@@ -143,6 +156,7 @@ class Alerter:
         self.settings, self.retry = settings or AlertSettings(), retry or Retry()
         self.policy = AlertPolicy(self.settings)
         self.hooks: dict[str, Webhook] = {}
+        self.http = client(self.retry)  # reads the proxy settings from the environment now
         self._ticker: asyncio.Task[None] | None = None
 
     def notify(self, event: EventBase) -> None:
@@ -162,12 +176,14 @@ class Alerter:
                 await self._ticker
         for hook in self.hooks.values():
             await hook.close()
+        await self.http.aclose()
 
     def _send(self, alerts: list[Alert]) -> None:
         for alert in alerts:
             hook = self.hooks.get(alert.url)
             if hook is None:
-                hook = self.hooks[alert.url] = Webhook(alert.url, self.settings, self.retry)
+                hook = Webhook(alert.url, self.settings, self.retry, self.http)
+                self.hooks[alert.url] = hook
             hook.put(json.dumps(payload(alert.text)).encode())
 
     async def _tick(self) -> None:
