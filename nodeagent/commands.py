@@ -83,8 +83,9 @@ class CommandHandler:
             case Pause() | Resume() | CheckpointNow():
                 await self.supervisor.control(cmd.job, str(type(cmd).__struct_config__.tag))
                 return self._reply(True)
-            case Stop(force=force, grace_s=grace):
-                await self.supervisor.stop(cmd.job, force=force, grace_s=grace)
+            case Stop(force=force, grace_s=grace, attempt=attempt):
+                # a stop of an earlier attempt leaves a later one running: ok all the same
+                await self.supervisor.stop(cmd.job, force=force, grace_s=grace, attempt=attempt)
                 return self._reply(True)
             case ReservePort():
                 return self._reply(True, port=_free_port(self.advertise_addr))

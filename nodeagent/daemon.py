@@ -57,6 +57,7 @@ class Agent:
         self.statuses: dict[str, CollectorStatus] = {}
         self.latest: dict[str, Sample] = {}  # each collector's newest sample, for /metrics
         self.beats_sent = 0
+        self.started_at = time.time()  # in every heartbeat: a new value is a restarted agent
         self.metrics: metrics.MetricsServer | None = None
         self.registered: list[Registered[Any]] = build(config)
         self._outbox: Outbox | None = None
@@ -121,6 +122,7 @@ class Agent:
         self.supervisor.warm_ranks(self._warm_ranks())  # imports while we connect
         nc = await connect(cfg.nats, f"nodeagent-{self.node}", auth.from_env(cfg.creds_file))
         self._outbox = Outbox(nc.jetstream())
+        await self.supervisor.adopt()  # ranks a predecessor started; their exits are events
         self.metrics = metrics.serve(
             registry_for(self), cfg.metrics_port, cfg.metrics_addr, host=self.addr
         )
@@ -237,6 +239,8 @@ class Agent:
                 collectors=list(self.statuses.values()),
                 jobs=self.supervisor.jobs(),
                 metrics_url=self.metrics.url if self.metrics is not None else "",
+                ranks=self.supervisor.rank_reports(),
+                started_at=self.started_at,
             )
             with contextlib.suppress(Exception):
                 await nc.publish(subject, encode(beat))

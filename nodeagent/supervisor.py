@@ -8,6 +8,11 @@ The built-in trainer's ranks start in a spare interpreter that has already impor
 training stack when one is ready (``nodeagent.warm_pool``), else cold, as user entry
 scripts always do; either way the rank is a process in its own session whose PID is its
 process group's id, watched, stopped and recorded the same way.
+
+An agent started under running ranks (a restart) adopts them first (:meth:`Supervisor.adopt`,
+``nodeagent.adoption``): their control channel reopens on the same socket, and their exits
+are reported as a child's are. Every rank of each job's latest attempt, alive or exited, is
+in the heartbeat's rank reports (``nodeagent.rank_reports``).
 """
 
 from __future__ import annotations
@@ -18,18 +23,23 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
+from nodeagent.adoption import AdoptedRank, adoptable
 from nodeagent.control_channel import ControlChannel
+from nodeagent.rank_reports import RankExit, rank_reports
 from nodeagent.warm_pool import SPARE, WarmPool
 from proto.codec import encode
 from proto.commands import Launch
 from proto.events import EventBase, Severity, WorkerExited
 from proto.job import shm_staging_name
+from proto.node import RankReport
 from proto.progress import Progress
 from proto.warm import WarmLaunch
 from ringmaster.rundir import (
@@ -50,17 +60,30 @@ class SupervisorError(RuntimeError):
     pass
 
 
+class RankProcess(Protocol):
+    """A rank's process: a child (``asyncio.subprocess.Process``) or an adopted rank
+    (``nodeagent.adoption.AdoptedRank``, whose ``wait`` may not know the status)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int | None: ...
+
+
 @dataclass
 class JobRun:
     job: str
     attempt: int
-    workdir: Path
     channel: ControlChannel
-    procs: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
-    waiters: list[asyncio.Task[None]] = field(default_factory=list)
+    procs: dict[int, RankProcess] = field(default_factory=dict)
+    waiters: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # by rank
+    exits: dict[int, RankExit] = field(default_factory=dict)  # ranks whose exit was seen
 
     def alive(self) -> list[int]:
-        return [r for r, p in self.procs.items() if p.returncode is None]
+        return [r for r, p in self.procs.items() if r not in self.exits and p.returncode is None]
 
 
 class Supervisor:
@@ -96,6 +119,47 @@ class Supervisor:
     def jobs(self) -> list[str]:
         return [job for job, run in self.runs.items() if run.alive()]
 
+    def rank_reports(self) -> list[RankReport]:
+        """Every rank of each job's latest attempt, for the heartbeat."""
+        return rank_reports(self.runs, self.run_dir, time.monotonic())
+
+    async def adopt(self) -> list[str]:
+        """Take over the ranks an earlier agent process started (``nodeagent.adoption``):
+        each job with a live rank gets its control channel back on the same socket (rank 0
+        reconnects) and every rank's exit is reported as a child's is, at once for a rank
+        that died while no agent was there. Called once, as the agent starts, before any
+        launch; the jobs adopted."""
+        adopted = []
+        for found in adoptable(self.run_dir):
+            if found.job in self.runs:
+                continue
+            jobdir = JobDir(self.run_dir, found.job)
+            channel = self._channel(jobdir, found.job, found.attempt)
+            try:
+                await channel.start()
+            except OSError as exc:  # the ranks are still watched; rank 0 stays unreachable
+                log.warning(
+                    "cannot reopen the control socket", path=str(channel.path), error=str(exc)
+                )
+            run = JobRun(found.job, found.attempt, channel)
+            self.runs[found.job] = run
+            for rank, (pid, started) in sorted(found.ranks.items()):
+                proc = AdoptedRank(found.job, pid, started, jobdir.rank_exit(rank))
+                run.procs[rank] = proc
+                run.waiters[rank] = asyncio.create_task(self._watch(run, rank, proc))
+            log.info(
+                "ranks adopted", job=found.job, attempt=found.attempt, ranks=sorted(found.ranks)
+            )
+            adopted.append(found.job)
+        return adopted
+
+    def _channel(self, jobdir: JobDir, job: str, attempt: int) -> ControlChannel:
+        async def progress(message: Progress) -> None:
+            message.attempt = attempt  # stamped here: the rank need not know it
+            await self._on_progress(job, message)
+
+        return ControlChannel(jobdir.control_socket, progress)
+
     async def launch(self, cmd: Launch) -> list[int]:
         old = self.runs.get(cmd.job)
         if old is not None:
@@ -105,20 +169,18 @@ class Supervisor:
         jobdir = JobDir(self.run_dir, cmd.job)
         jobdir.path.mkdir(parents=True, exist_ok=True)
         jobdir.spec.write_bytes(encode(cmd.spec))
-
-        async def progress(message: Progress) -> None:
-            message.attempt = cmd.attempt  # stamped here: the rank need not know it
-            await self._on_progress(cmd.job, message)
-
-        channel = ControlChannel(jobdir.control_socket, progress)
+        jobdir.clear_ranks()  # the previous attempt's ranks are gone
+        jobdir.write_attempt(cmd.attempt)  # what a restarted agent adopts them as
+        channel = self._channel(jobdir, cmd.job, cmd.attempt)
         try:
             await channel.start()
         except OSError as exc:
             raise SupervisorError(f"cannot open the control socket {channel.path}: {exc}") from exc
-        run = JobRun(cmd.job, cmd.attempt, Path(cmd.workdir or jobdir.path), channel)
+        run = JobRun(cmd.job, cmd.attempt, channel)
         self.runs[cmd.job] = run
+        workdir = Path(cmd.workdir or jobdir.path)
         if cmd.pre_start:
-            await self._pre_start(cmd, run, jobdir)
+            await self._pre_start(cmd, workdir, jobdir)
         argv = _argv(cmd.argv)
         for spec in cmd.ranks:
             env = {
@@ -129,7 +191,7 @@ class Supervisor:
                 "LOCAL_RANK": str(spec.local_rank),
                 JOB_ENV: cmd.job,
                 "RINGMASTER_JOB_SPEC": str(jobdir.spec),
-                "RINGMASTER_WORKDIR": str(run.workdir),
+                "RINGMASTER_WORKDIR": str(workdir),
                 "RINGMASTER_CONTROL_SOCKET": str(channel.path),
                 "RINGMASTER_ATTEMPT": str(cmd.attempt),
                 "RINGMASTER_NODE": self.node,
@@ -141,22 +203,22 @@ class Supervisor:
             proc = None
             if not cmd.argv:  # the built-in trainer; user entry scripts start cold
                 cpus = sorted(_cpus(spec.cpus) or [])
-                launch = WarmLaunch(env=env, cwd=str(run.workdir), log=str(logpath), cpus=cpus)
+                launch = WarmLaunch(env=env, cwd=str(workdir), log=str(logpath), cpus=cpus)
                 proc = await self.warm.take(launch)
             warm = proc is not None
             if proc is None:
                 try:
-                    proc = await _start_cold(argv, env, run.workdir, logpath, spec.cpus)
+                    proc = await _start_cold(argv, env, workdir, logpath, spec.cpus)
                 except OSError as exc:
                     await self.stop(cmd.job, force=True, grace_s=0)
                     raise SupervisorError(f"cannot start rank {spec.rank}: {exc}") from exc
             run.procs[spec.rank] = proc
             jobdir.record_rank(spec.rank, proc.pid)
-            run.waiters.append(asyncio.create_task(self._watch(run, spec.rank, proc)))
+            run.waiters[spec.rank] = asyncio.create_task(self._watch(run, spec.rank, proc))
             log.info("rank started", job=cmd.job, rank=spec.rank, pid=proc.pid, warm=warm)
         return [p.pid for p in run.procs.values()]
 
-    async def _pre_start(self, cmd: Launch, run: JobRun, jobdir: JobDir) -> None:
+    async def _pre_start(self, cmd: Launch, workdir: Path, jobdir: JobDir) -> None:
         """The job's pre-start hook, with the job's environment; its output goes to
         ``pre-start.log``. A failure or a timeout fails this launch."""
         assert cmd.pre_start is not None
@@ -167,7 +229,7 @@ class Supervisor:
                 "/bin/sh",
                 cmd.pre_start,
                 env=env,
-                cwd=run.workdir,
+                cwd=workdir,
                 stdout=logf,
                 stderr=logf,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -186,16 +248,23 @@ class Supervisor:
             raise SupervisorError(f"pre-start hook exited {code}: {tail[0][:200]}")
         log.info("pre-start hook done", job=cmd.job)
 
-    async def _watch(self, run: JobRun, rank: int, proc: asyncio.subprocess.Process) -> None:
+    async def _watch(self, run: JobRun, rank: int, proc: RankProcess) -> None:
         code = await proc.wait()
         # Whatever the rank left behind in its group (data-loader workers, helpers) is an
         # orphan now: it goes too. The group id cannot be reused while members remain.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        if not isinstance(proc, AdoptedRank) or proc.ran:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        sig = -code if code is not None and code < 0 else None
+        exit_code = code if code is not None and code >= 0 else None
+        run.exits[rank] = RankExit(exit_code, sig, time.monotonic())
         if not run.alive():
             # A rank killed by a signal cannot clean its RAM staging; nobody else uses it.
             shutil.rmtree(self.shm / shm_staging_name(run.job), ignore_errors=True)
-        sig = -code if code < 0 else None
+        if code is None:
+            said = "an unknown status (not this agent's child, it left no exit record)"
+        else:
+            said = f"code {code}" if sig is None else f"signal {sig}"
         log.info("rank exited", job=run.job, rank=rank, code=code)
         await self._on_event(
             WorkerExited(
@@ -204,11 +273,10 @@ class Supervisor:
                 rank=rank,
                 pid=proc.pid,
                 attempt=run.attempt,
-                exit_code=code if code >= 0 else None,
+                exit_code=exit_code,
                 signal=sig,
                 severity=Severity.INFO if code == 0 else Severity.CRITICAL,
-                message=f"rank {rank} exited with "
-                + (f"code {code}" if sig is None else f"signal {sig}"),
+                message=f"rank {rank} exited with {said}",
             )
         )
 
@@ -218,11 +286,17 @@ class Supervisor:
             raise SupervisorError(f"job {job} has no live ranks on this node")
         await run.channel.send(action)
 
-    async def stop(self, job: str, *, force: bool, grace_s: float) -> None:
+    async def stop(self, job: str, *, force: bool, grace_s: float, attempt: int = 0) -> None:
         """Graceful: ask rank 0 to stop at the next step boundary, wait ``grace_s``; then
-        SIGTERM every rank's process group, then SIGKILL."""
+        SIGTERM every rank's process group, then SIGKILL. ``attempt`` (0: any): only a run
+        of that attempt or an earlier one is stopped, never the one launched after it."""
         run = self.runs.get(job)
         if run is None:
+            return
+        if attempt and run.attempt > attempt:
+            log.info(
+                "stop of an earlier attempt ignored", job=job, attempt=attempt, runs=run.attempt
+            )
             return
         if not force and run.alive():
             with contextlib.suppress(SupervisorError):
@@ -237,7 +311,7 @@ class Supervisor:
                     # a stopped rank (a hang) acts on SIGTERM only once continued
                     os.killpg(run.procs[rank].pid, signal.SIGCONT)
             await _wait_all(run, wait)
-        await asyncio.gather(*run.waiters, return_exceptions=True)
+        await asyncio.gather(*run.waiters.values(), return_exceptions=True)
 
     async def close(self) -> None:
         """Agent shutdown: ranks keep running (they outlive an agent restart); spare
@@ -245,16 +319,15 @@ class Supervisor:
         await self.warm.close()
         for run in self.runs.values():
             await run.channel.close()
-            for waiter in run.waiters:
+            for waiter in run.waiters.values():
                 waiter.cancel()
 
 
 async def _wait_all(run: JobRun, timeout: float) -> None:
-    pending = [asyncio.create_task(p.wait()) for p in run.procs.values() if p.returncode is None]
+    """Until every rank's exit is seen (its watcher is done), for at most ``timeout`` s."""
+    pending = [run.waiters[r] for r in run.alive() if r in run.waiters]
     if pending:
         await asyncio.wait(pending, timeout=timeout)
-        for task in pending:
-            task.cancel()
 
 
 def _argv(argv: list[str]) -> list[str]:

@@ -6,8 +6,12 @@
     <run_dir>/sim-knobs.json            rehearsal knobs of a simulated node (inject)
     <run_dir>/warm-pool.log             what warm interpreters print before they are ranks
     <run_dir>/jobs/<job>/spec.json      the job spec the ranks read ($RINGMASTER_JOB_SPEC)
+    <run_dir>/jobs/<job>/attempt        the attempt of the job the ranks below belong to
     <run_dir>/jobs/<job>/rank-<r>.pid   rank r's PID (also its process group's id) and
                                         start time: "<pid> <ticks since boot>"
+    <run_dir>/jobs/<job>/rank-<r>.exit  rank r's exit record, which the rank writes just
+                                        before it exits: "<pid> <exit status>"
+    <run_dir>/jobs/<job>/rank-<r>.beat  rank r's beat (``ringmaster.rankbeat``)
     <run_dir>/jobs/<job>/rank-<r>.log   rank r's stdout and stderr
     <run_dir>/jobs/<job>/pre-start.log  the job's pre-start hook's output
     <run_dir>/jobs/<job>/control.sock   rank 0's control socket (see JobDir.control_socket)
@@ -22,6 +26,13 @@ got its environment after it started, and ``/proc/<pid>/environ`` shows only the
 started with. A PID file without a start time (written before start times were
 recorded) falls back to the environment marker, ``RINGMASTER_JOB_ID=<job>``, which every
 rank started cold carries.
+
+A restarted agent reads it too: it re-adopts the live ranks its predecessor started
+(``nodeagent.adoption``), with the job's attempt from ``attempt``. Such a rank is not the
+new agent's child, so its exit status cannot be waited for: the rank leaves it in its exit
+record (the trainer does, ``trainer.termination``), and a rank that dies without one (a
+SIGKILL) has an unknown status. A launch clears the previous attempt's PID files, exit
+records and beats, so whatever is found here belongs to the attempt ``attempt`` names.
 """
 
 from __future__ import annotations
@@ -87,8 +98,42 @@ class JobDir:
     def pre_start_log(self) -> Path:
         return self.path / "pre-start.log"
 
+    @property
+    def attempt(self) -> Path:
+        return self.path / "attempt"
+
+    def write_attempt(self, attempt: int) -> None:
+        _write_atomic(self.attempt, str(attempt))
+
+    def read_attempt(self) -> int:
+        """The attempt the job's ranks belong to; 0 (unknown) without a readable file."""
+        try:
+            return int(self.attempt.read_text().strip())
+        except (OSError, ValueError):
+            return 0
+
+    def clear_ranks(self) -> None:
+        """Remove the previous attempt's PID files, exit records and beats (its ranks are
+        gone; logs stay): what a restarted agent finds is then the current attempt's."""
+        for pattern in ("rank-*.pid", "rank-*.exit", "rank-*.beat"):
+            for path in self.path.glob(pattern):
+                path.unlink(missing_ok=True)
+
     def rank_pid(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.pid"
+
+    def recorded_ranks(self) -> dict[int, tuple[int, int | None]]:
+        """Every rank with a PID file here, alive or not: rank → (PID, start time)."""
+        found = {}
+        for pidfile in self.path.glob("rank-*.pid"):
+            match = _RANK_PID.fullmatch(pidfile.name)
+            recorded = read_rank_pid(pidfile)
+            if match and recorded is not None:
+                found[int(match[1])] = recorded
+        return found
+
+    def rank_exit(self, rank: int) -> Path:
+        return exit_beside(self.spec, rank)
 
     def record_rank(self, rank: int, pid: int) -> None:
         """Write rank ``rank``'s PID file: its PID and start time (see :func:`is_rank`)."""
@@ -116,6 +161,37 @@ def beat_beside(spec: Path, rank: int) -> Path:
     """Rank ``rank``'s beat in the directory of the job spec ``spec``: how a rank finds it
     from ``$RINGMASTER_JOB_SPEC``."""
     return spec.parent / f"rank-{rank}.beat"
+
+
+def exit_beside(spec: Path, rank: int) -> Path:
+    """Rank ``rank``'s exit record in the directory of the job spec ``spec``."""
+    return spec.parent / f"rank-{rank}.exit"
+
+
+class ExitRecord(NamedTuple):
+    pid: int
+    code: int  # the process's exit status (0-255)
+
+
+def write_exit(path: Path, pid: int, code: int) -> None:
+    """Leave ``pid``'s exit status in ``path`` atomically (raises ``OSError``)."""
+    _write_atomic(path, f"{pid} {code}")
+
+
+def read_exit(path: Path) -> ExitRecord | None:
+    """The exit record in ``path``; None when it is missing or not an exit record."""
+    try:
+        pid, code = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        return None
+    return ExitRecord(pid, code)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """A reader sees the whole file or the one before, never a partial write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 class LiveRank(NamedTuple):
@@ -158,10 +234,9 @@ def read_rank_pid(path: Path) -> tuple[int, int | None] | None:
 def live_ranks(run_dir: Path) -> list[LiveRank]:
     """Every rank with a PID file under ``run_dir`` that is still running, by job and rank."""
     found: list[LiveRank] = []
-    for pidfile in (run_dir / "jobs").glob("*/rank-*.pid"):
-        match = _RANK_PID.fullmatch(pidfile.name)
-        recorded = read_rank_pid(pidfile)
-        job = pidfile.parent.name
-        if match and recorded is not None and is_rank(recorded[0], job, recorded[1]):
-            found.append(LiveRank(job, int(match[1]), recorded[0]))
+    for jobdir in (run_dir / "jobs").glob("*"):
+        job = jobdir.name
+        for rank, (pid, started) in JobDir(run_dir, job).recorded_ranks().items():
+            if is_rank(pid, job, started):
+                found.append(LiveRank(job, rank, pid))
     return sorted(found)

@@ -9,6 +9,9 @@ torchrun (for a benchmark, say) or under a node agent, which adds:
   directory; relative paths in the spec resolve against it).
 * ``RINGMASTER_CONTROL_SOCKET``: the agent's Unix socket; rank 0 alone connects to it.
 
+Beside the job spec the agent wrote, the rank leaves its beat and, as it exits, its exit
+record (:func:`exit_record`): how an agent that did not start it learns its exit status.
+
 Every problem found here is a :class:`SpecError`, which the worker prints as one line and
 exits 2 for, before any rank joins the process group.
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 import msgspec
 
 from proto.job import JobSpec
+from ringmaster.rundir import exit_beside
 
 
 class SpecError(Exception):
@@ -100,6 +104,16 @@ def read_launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
         master_port=_int_env(env, "MASTER_PORT", 0),
         control_socket=Path(socket) if socket else None,
     )
+
+
+def exit_record(env: Mapping[str, str]) -> Path | None:
+    """Where this rank leaves its exit status for its node agent (beside the job spec the
+    agent wrote, ``ringmaster.rundir.exit_beside``); None without an agent's spec or with
+    a ``RANK`` that is not a rank number (nobody would look for it)."""
+    spec, rank = env.get("RINGMASTER_JOB_SPEC"), env.get("RANK", "0")
+    if not spec or not (rank.isascii() and rank.isdigit()):
+        return None
+    return exit_beside(Path(spec), int(rank))
 
 
 def torch_threads(env: Mapping[str, str], local_world_size: int) -> int:

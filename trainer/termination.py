@@ -8,6 +8,10 @@ otherwise hold RAM in ``/dev/shm``) and exits. Python runs handlers only between
 bytecodes of the main thread, and a rank can be stuck in a C++ collective waiting for a
 peer that is already gone; so a watchdog thread, woken through ``signal.set_wakeup_fd``,
 ends the process after :data:`GRACE_S` if the handler has not run by then.
+
+Whichever way the rank leaves but a SIGKILL, it first writes its exit record
+(:func:`record_exit_in`, ``ringmaster.rundir.write_exit``): an agent restarted while the
+rank ran is not its parent and cannot wait for its status, so it reads it there.
 """
 
 from __future__ import annotations
@@ -20,12 +24,31 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
+
+from ringmaster.rundir import write_exit
 
 EXIT_STATUS = 128 + signal.SIGTERM
 GRACE_S = 3.0
 _wakeup: list[socket.socket] = []  # keeps the socketpair (and its fds) alive
 _cleanups: list[Callable[[], None]] = []
+_exit_record: list[Path] = []  # where this process leaves its exit status, if anywhere
+
+
+def record_exit_in(path: Path | None) -> None:
+    """Leave this process's exit status in ``path`` as it exits: on SIGTERM here, and
+    through :func:`record_exit` otherwise. None: leave none."""
+    _exit_record[:] = [path] if path is not None else []
+
+
+def record_exit(code: int) -> int:
+    """Write the exit record for status ``code`` (best effort: the exit goes ahead
+    without it, and the agent then reports the status as unknown); returns ``code``."""
+    for path in _exit_record:
+        with contextlib.suppress(OSError):
+            write_exit(path, os.getpid(), code)
+    return code
 
 
 def on_sigterm(cleanup: Callable[[], None]) -> None:
@@ -37,6 +60,7 @@ def _leave() -> None:
     for cleanup in _cleanups:
         with contextlib.suppress(Exception):
             cleanup()
+    record_exit(EXIT_STATUS)
     # os._exit, not sys.exit: peers may be gone, and any collective would hang
     os._exit(EXIT_STATUS)
 

@@ -6,8 +6,9 @@ Launch contract (see :mod:`trainer.launch`): torchrun's environment, plus
 completed or was stopped (its final checkpoint durable), 2 for a bad spec (one line on
 stderr, before joining the process group), 143 on SIGTERM, 1 on any other failure (one
 line when checkpoints exist that this run cannot resume, or when a numeric fault cannot be
-rewound, see :mod:`trainer.numeric`). Ranks of simulated nodes also read rehearsal knobs
-(``RINGMASTER_SIM_KNOBS``, :mod:`trainer.sim_knobs`).
+rewound, see :mod:`trainer.numeric`); each of these is also left in the rank's exit record
+for its node agent (:func:`trainer.launch.exit_record`). Ranks of simulated nodes also read
+rehearsal knobs (``RINGMASTER_SIM_KNOBS``, :mod:`trainer.sim_knobs`).
 
 Hooks for tests and benchmarks only: ``RINGMASTER_TEST_PERSIST_DELAY_S`` (seconds each
 persist waits after writing its shard, before the manifest), ``RINGMASTER_TEST_PERSIST_GATE``
@@ -47,7 +48,7 @@ from trainer.control import StepControl
 from trainer.data import SYNTHETIC, Batches, Layout
 from trainer.engine import DDPEngine, Engine
 from trainer.flops import Mfu, device_peak, model_flops_per_token
-from trainer.launch import Launch, SpecError, read_launch, torch_threads
+from trainer.launch import Launch, SpecError, exit_record, read_launch, torch_threads
 from trainer.log import Log
 from trainer.loop import Hooks, Outcome, ResumeError, Trainer
 from trainer.model import count_params
@@ -243,6 +244,17 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The rank; its exit status, also left in its exit record (so is a failure's)."""
+    termination.record_exit_in(exit_record(os.environ))
+    try:
+        code = _main(argv)
+    except Exception:
+        termination.record_exit(1)  # the interpreter prints the traceback and exits 1
+        raise
+    return termination.record_exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     env = os.environ
     try:
         launch = read_launch(env, sys.argv[1:] if argv is None else argv)
