@@ -1,16 +1,28 @@
 """The report as one self-contained HTML file: the ledger and faults as tables and the
 timeline (steps over time, with faults, pauses, restarts and checkpoints marked) as an
-inline SVG drawn here, so the file opens anywhere with no script and no network."""
+inline SVG, so the file opens anywhere with no script and no network.
+
+Markup lives in ``templates/report.html.j2``, rendered by Jinja with autoescaping: job,
+node and event texts come from the cluster and are never trusted as markup. This module
+only lays the chart out (coordinates, and which side of its line a label goes so that it
+stays inside the picture).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from html import escape
+
+import jinja2
 
 from coordinator.ctl.report_model import ESTIMATES, Report
 
-W, H = 960, 380
-LEFT, RIGHT, TOP, BOTTOM = 60, 20, 20, 110  # margins; labels of markers go below
+W, H = 960, 400
+LEFT, RIGHT, TOP, BOTTOM = 72, 20, 20, 130  # margins: axis names left, marker labels below
+X_TICKS = 5
+LABEL_ROWS = 6  # marker labels are staggered over this many rows so neighbours stay legible
+FONT_PX = 10  # marker labels' size
+CHAR_PX = 0.62 * FONT_PX  # a generous average glyph width of a sans-serif font
 COLOURS = {
     "job.paused": "#d97706",
     "job.resumed": "#059669",
@@ -20,84 +32,100 @@ COLOURS = {
     "job.failed": "#dc2626",
 }
 FAULT = "#b91c1c"  # any condition's opening or closing, node loss, XID
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("coordinator.ctl", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+@dataclass
+class Tick:
+    x: float
+    y: float
+    text: str
+    anchor: str = "middle"
+
+
+@dataclass
+class Mark:
+    kind: str
+    t: float
+    title: str
+    colour: str
+    x: float
+    line_end: float
+    label_x: float
+    label_y: float
+    anchor: str
+
+
+@dataclass
+class Chart:
+    width: int = W
+    height: int = H
+    left: int = LEFT
+    right: int = W - RIGHT
+    top: int = TOP
+    base: float = H - BOTTOM  # the x axis's y
+    font_px: int = FONT_PX
+    ticks: list[Tick] = field(default_factory=list)
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # x and width
+    points: str = ""
+    marks: list[Mark] = field(default_factory=list)
 
 
 def html(r: Report, price: float | None) -> str:
-    rows = "".join(
-        f"<tr><td>{escape(b)}</td><td>{v / 3600:.4f}</td>"
-        + ("" if price is None else f"<td>{v / 3600 * price:.4f}</td>")
-        + "</tr>"
-        for b, v in [*r.ledger.items(), ("total", sum(r.ledger.values()))]
+    return TEMPLATES.get_template("report.html.j2").render(
+        r=r,
+        price=price,
+        ledger=[*r.ledger.items(), ("total", sum(r.ledger.values()))],
+        chart=chart(r),
+        estimates=ESTIMATES,
     )
-    faults = "".join(
-        f"<tr><td>{escape(f.key)}</td><td>{escape(f.what)}</td><td>{escape(f.reaction)}</td>"
-        f"<td>{f.cost_gpu_s / 3600:.4f}</td>"
-        f"<td>{'n/a' if f.saved_gpu_s is None else f'{f.saved_gpu_s / 3600:.4f}'}</td></tr>"
-        for f in r.faults
-    )
-    cost = "" if price is None else f"<th>cost at {price:g} / GPU-h</th>"
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>Report {escape(r.job)}</title>
-<style>body{{font:14px sans-serif;margin:2em}}td,th{{padding:2px 10px;text-align:left}}
-table{{border-collapse:collapse}}tr:nth-child(even){{background:#f3f4f6}}</style></head>
-<body><h1>Job {escape(r.job)}</h1>
-<p>{escape(r.state)}, step {r.step}/{r.target_steps}, {r.world_size} GPUs,
-{r.step_time_s:.3f} s a productive step</p>
-{svg(r)}
-<h2>Goodput ledger</h2>
-<table><tr><th>bucket</th><th>GPU-h</th>{cost}</tr>{rows}</table>
-<h2>Faults</h2>
-<table><tr><th>fault</th><th>what</th><th>reaction</th><th>cost GPU-h</th>
-<th>saved GPU-h (estimate)</th></tr>{faults}</table>
-<p><em>{escape(ESTIMATES)}</em></p>
-</body></html>
-"""
 
 
-def svg(r: Report) -> str:
+def chart(r: Report) -> Chart | None:
+    """The timeline's layout; None when there is nothing to draw."""
     times = [t for t, _ in r.steps] + [m.t for m in r.markers]
     if not times:
-        return "<p>No history to draw.</p>"
+        return None
     t0, t1 = min(times), max(times)
     top = max([s for _, s in r.steps] + [r.target_steps, 1])
+    c = Chart()
 
     def x(t: float) -> float:
-        return LEFT + (t - t0) / max(t1 - t0, 1e-9) * (W - LEFT - RIGHT)
+        return LEFT + (t - t0) / max(t1 - t0, 1e-9) * (c.right - LEFT)
 
     def y(step: float) -> float:
-        return H - BOTTOM - step / top * (H - TOP - BOTTOM)
+        return c.base - step / top * (c.base - TOP)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-        f'viewBox="0 0 {W} {H}" role="img" aria-label="steps over time">',
-        f'<line x1="{LEFT}" y1="{y(0):.1f}" x2="{W - RIGHT}" y2="{y(0):.1f}" stroke="#999"/>',
-        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{y(0):.1f}" stroke="#999"/>',
-        f'<text x="{LEFT - 6}" y="{TOP + 4}" text-anchor="end" font-size="11">{top}</text>',
-        f'<text x="{LEFT - 6}" y="{y(0):.1f}" text-anchor="end" font-size="11">0</text>',
-        f'<text x="{LEFT}" y="{y(0) + 14:.1f}" font-size="11">{_clock(t0)}</text>',
-        f'<text x="{W - RIGHT}" y="{y(0) + 14:.1f}" text-anchor="end" font-size="11">'
-        f"{_clock(t1)}</text>",
-    ]
-    for start, end in r.pauses:
-        parts.append(
-            f'<rect class="pause" x="{x(start):.1f}" y="{TOP}" width="{x(end) - x(start):.1f}" '
-            f'height="{y(0) - TOP:.1f}" fill="#fde68a" opacity="0.5"/>'
-        )
-    points = " ".join(f"{x(t):.1f},{y(s):.1f}" for t, s in r.steps)
-    parts.append(f'<polyline class="steps" points="{points}" fill="none" stroke="#111"/>')
+    c.ticks = [Tick(LEFT - 6, y(s) + 4, str(s), "end") for s in sorted({0, top // 2, top})]
+    for i in range(X_TICKS):
+        t = t0 + (t1 - t0) * i / (X_TICKS - 1)
+        anchor = "start" if i == 0 else "end" if i == X_TICKS - 1 else "middle"
+        c.ticks.append(Tick(x(t), c.base + 14, _clock(t), anchor))
+    c.pauses = [(x(start), x(end) - x(start)) for start, end in r.pauses]
+    c.points = " ".join(f"{x(t):.1f},{y(s):.1f}" for t, s in r.steps)
     for i, m in enumerate(r.markers):
-        colour = COLOURS.get(m.kind, FAULT if not m.kind.startswith("job.") else "#6b7280")
-        lx, ly = x(m.t), y(0) + 28 + (i % 6) * 13  # staggered so neighbours stay legible
-        parts.append(
-            f'<g class="marker" data-kind="{escape(m.kind)}" data-time="{m.t:.3f}">'
-            f"<title>{escape(_clock(m.t))} {escape(m.kind)}: {escape(m.label)}</title>"
-            f'<line x1="{lx:.1f}" y1="{TOP}" x2="{lx:.1f}" y2="{ly - 10:.1f}" stroke="{colour}" '
-            'stroke-dasharray="3,2"/>'
-            f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="10" fill="{colour}">'
-            f"{escape(m.kind)}</text></g>"
+        lx, ly = x(m.t), c.base + 30 + (i % LABEL_ROWS) * 13
+        fits_right = lx + 3 + len(m.kind) * CHAR_PX <= W - 2
+        c.marks.append(
+            Mark(
+                kind=m.kind,
+                t=m.t,
+                title=f"{_clock(m.t)} {m.kind}: {m.label}",
+                colour=COLOURS.get(m.kind, FAULT if not m.kind.startswith("job.") else "#6b7280"),
+                x=lx,
+                line_end=ly - 10,
+                label_x=lx + 3 if fits_right else lx - 3,
+                label_y=ly,
+                anchor="start" if fits_right else "end",
+            )
         )
-    parts.append("</svg>")
-    return "\n".join(parts)
+    return c
 
 
 def _clock(t: float) -> str:

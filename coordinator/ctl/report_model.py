@@ -69,7 +69,7 @@ class Fault:
 
 @dataclass
 class Report:
-    job: str
+    job: str  # the job's id
     state: str
     world_size: int
     step: int
@@ -80,6 +80,7 @@ class Report:
     markers: list[Marker] = field(default_factory=list)
     pauses: list[tuple[float, float]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    name: str = ""  # the job's name, as its job file gives it
 
 
 def build(record: JobRecord, events: list[EventBase], steps: list[tuple[float, int]]) -> Report:
@@ -92,6 +93,7 @@ def build(record: JobRecord, events: list[EventBase], steps: list[tuple[float, i
     step_time = record.goodput.get("productive", 0.0) / max(world, 1) / done
     report = Report(
         job=record.id,
+        name=record.name,
         state=record.state.value,
         world_size=world,
         step=record.step,
@@ -174,6 +176,13 @@ class _Walk:
         fault.cost_gpu_s += span * self.world
         redo = max(0, pause.step - ckpt_step) * self.r.step_time_s * self.world
         fault.saved_gpu_s = (fault.saved_gpu_s or 0.0) + redo  # + recovery, after the walk
+        # Other faults the pause answered: those it names after the first, and those that
+        # opened while it lasted (a second device's spike): one pause, counted once.
+        began = pause.time.timestamp()
+        for other in self.r.faults:
+            answered = other.key in keys[1:] or began <= other.opened <= t
+            if other is not fault and other.reaction == "none" and answered:
+                other.reaction = f"covered by the pause for {fault.key}"
 
     def _checkpointed(self, e: JobCheckpointed, t: float, step: int) -> None:
         on_demand = step % self.every != 0 and step != self.r.target_steps

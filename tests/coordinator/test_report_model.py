@@ -145,3 +145,42 @@ def test_price_must_be_a_non_negative_number(
         main(["report", "j-1", "--price-per-gpu-hour", price])
     assert exit_.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def nvme_on(device: str, s: float, active: bool, node: str = "node-1") -> EventBase:
+    cond = Condition(kind=ConditionKind.NVME_LATENCY, node=node, subject=device)
+    cond.active = active
+    kind = NvmeLatencySpike if active else NvmeLatencyRecovered
+    return kind(time=at(s), node=node, message=f"{device} latency", condition=cond)
+
+
+def test_a_second_device_spiking_during_the_pause_is_covered_by_it() -> None:
+    job = record(productive=200.0, startup=10.0, paused=6.0)
+    events = [
+        JobStarted(time=at(0), job="j-1", nodes=["node-0", "node-1"]),
+        nvme_on("nvme0n1", 20, True),
+        JobPaused(time=at(21), job="j-1", step=40, reason=NVME),
+        nvme_on("nvme1n1", 22, True),  # the pause is already taken
+        nvme_on("nvme0n1", 23, False),
+        nvme_on("nvme1n1", 23.5, False),
+        JobResumed(time=at(24), job="j-1", step=40),
+    ]
+    first, second = build(job, events, []).faults
+    assert first.reaction == "paused 3.0 s" and first.cost_gpu_s == pytest.approx(6.0)
+    assert second.key == "nvme.latency:node-1:nvme1n1"
+    assert second.reaction == f"covered by the pause for {NVME}"
+    assert second.cost_gpu_s == 0.0 and second.saved_gpu_s is None  # counted once
+
+
+def test_names_and_messages_from_the_cluster_are_escaped_in_the_html() -> None:
+    job = record(productive=200.0)
+    job.name = "<script>alert('job')</script>"
+    evil_node = "<script>alert('node')</script>"
+    spike = nvme_on("nvme0n1", 20, True, node=evil_node)
+    spike.message = "<script>alert('event')</script>"
+    events = [JobStarted(time=at(0), job="j-1"), spike, JobCompleted(time=at(100), job="j-1")]
+    page = html(build(job, events, []), None)
+    assert "<script" not in page
+    assert "&lt;script&gt;alert(&#39;job&#39;)&lt;/script&gt;" in page  # the h1
+    assert "nvme.latency:&lt;script&gt;alert(&#39;node&#39;)&lt;/script&gt;:nvme0n1" in page
+    assert page.count("&lt;script&gt;alert(&#39;event&#39;)") == 2  # fault table, title
