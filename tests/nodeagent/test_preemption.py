@@ -4,11 +4,13 @@ SpotNoticeDetector."""
 from __future__ import annotations
 
 import json
+import socket
+import socketserver
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.sim.metadata import MetadataServer
 from proto.conditions import ConditionKind, condition_key
 from proto.events import SpotNotice
+from ringmaster.procs import wait_until
 
 
 @pytest.fixture
@@ -139,17 +142,41 @@ def test_a_failing_service_fails_the_collection(metadata: MetadataServer) -> Non
     assert issubclass(MetadataError, OSError)
 
 
-def test_connections_are_kept_alive_and_renewed() -> None:
+def test_connections_are_kept_alive_and_renewed(monkeypatch: pytest.MonkeyPatch) -> None:
     """One connection for many polls; when the service closed it while idle, the next
     poll opens another instead of failing."""
-    server = MetadataServer(("aws",), idle_timeout=0.3).start()
+    server = MetadataServer(("aws",), idle_timeout=1.0)
+    port = int(server.url.rsplit(":", 1)[1])
+    opened: list[object] = []
+    closed: list[object] = []  # the server's side: accepted, then done with
+
+    def ours(tcp: socketserver.TCPServer) -> bool:
+        return tcp.server_address[1] == port
+
+    def get_request(tcp: socketserver.TCPServer) -> tuple[socket.socket, Any]:
+        request = accept(tcp)
+        if ours(tcp):
+            opened.append(request[0])
+        return request
+
+    def shutdown_request(tcp: socketserver.TCPServer, request: socket.socket) -> None:
+        shutdown(tcp, request)
+        if ours(tcp):
+            closed.append(request)
+
+    accept, shutdown = socketserver.TCPServer.get_request, socketserver.TCPServer.shutdown_request
+    monkeypatch.setattr(socketserver.TCPServer, "get_request", get_request)
+    monkeypatch.setattr(socketserver.TCPServer, "shutdown_request", shutdown_request)
+    server.start()
     try:
         aws = collector(server, "aws")
         for t in range(5):
             aws.collect(float(t))
-        time.sleep(0.6)
+        assert len(server.requests) == 6 and len(opened) == 1, "a token and 5 polls, one socket"
+        wait_until(lambda: closed, timeout=30)  # the service dropped it, idle
         server.preempt(60)
         assert notice_of(aws) is not None
+        assert len(opened) == 2, "renewed: a second connection"
     finally:
         server.stop()
 

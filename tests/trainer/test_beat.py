@@ -19,6 +19,7 @@ from conftest import Launcher
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from ringmaster import rankbeat
+from ringmaster.procs import wait_until
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING
 from trainer.beat import Beat
 from trainer.fake_agent import FakeAgent
@@ -97,10 +98,18 @@ def test_the_beat_lives_beside_the_job_spec(tmp_path: Path) -> None:
 
 
 def test_an_unwritable_beat_warns_once_and_training_goes_on(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    tries: list[Path] = []
+    write = rankbeat.write
+
+    def counted(path: Path, beat: rankbeat.RankBeat) -> None:
+        tries.append(path)
+        write(path, beat)
+
+    monkeypatch.setattr(rankbeat, "write", counted)
     beat = Beat(tmp_path / "missing" / "rank-0.beat", interval_s=0.02).start()
-    time.sleep(0.15)
+    wait_until(lambda: len(tries) >= 5, timeout=30)  # the beat thread lived on, trying
     beat.stop()
     err = capsys.readouterr().err
     assert err.count("cannot write the beat") == 1
