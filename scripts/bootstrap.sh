@@ -15,6 +15,16 @@ if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
         && { systemctl disable --now prometheus.service >/dev/null 2>&1 || true; } \
         || echo "ringmaster: prometheus not installed; the tests that need it skip" >&2
 fi
+# Chromium (Debian's chromium package, with the fonts it recommends) for the HTML
+# report's browser test: on the same terms.
+if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
+    && ! command -v chromium >/dev/null; then
+    echo "ringmaster: installing Debian's chromium package" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        -o DPkg::Lock::Timeout=300 --no-install-recommends chromium fonts-liberation; } \
+        >/dev/null 2>&1 \
+        || echo "ringmaster: chromium not installed; the report's browser test skips" >&2
+fi
 stamp=.venv/.ringmaster-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
