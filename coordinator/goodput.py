@@ -6,6 +6,11 @@ job's current state. Checkpoint stalls reported by rank 0 are moved from ``produ
 ``checkpointing`` state (a checkpoint requested, not yet durable) is productive time: the
 ranks train on while it persists in the background, and only the stall they report — the
 time training was actually blocked — is a checkpoint's cost.
+
+Time without a step is productive only up to the job's hang threshold (the same
+``max(hang_step_factor × step time, hang_floor_s)`` the agents judge hangs by): past it,
+whatever the cause and whether or not anything noticed, nothing trains, and it is
+``recovery``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,19 @@ def account(job: JobRecord, now: float) -> None:
     gpus = job.world_size
     if bucket is None or gpus == 0 or now <= last:
         return
-    job.goodput[bucket] = job.goodput.get(bucket, 0.0) + (now - last) * gpus
+    if bucket == "productive" and job.last_step_at is not None:
+        stalled_from = max(last, job.last_step_at + stall_threshold(job))
+        if stalled_from < now:
+            job.goodput["recovery"] = job.goodput.get("recovery", 0.0) + (now - stalled_from) * gpus
+            now = stalled_from
+    if now > last:
+        job.goodput[bucket] = job.goodput.get(bucket, 0.0) + (now - last) * gpus
+
+
+def stall_threshold(job: JobRecord) -> float:
+    """Seconds without a step after which the ranks count as stalled, not training."""
+    pol = job.spec.policy
+    return max(pol.hang_step_factor * (job.step_s or 0.0), pol.hang_floor_s)
 
 
 def move_stall(job: JobRecord, seconds: float) -> None:
@@ -69,7 +86,8 @@ def charge_detection(job: JobRecord, now: float) -> None:
     if job.last_step_at is None or job.state not in (JobState.RUNNING, JobState.CHECKPOINTING):
         return
     account(job, now)
-    gpu_s = max(0.0, now - job.last_step_at) * job.world_size
+    # only the part of the gap below the stall threshold was counted productive
+    gpu_s = max(0.0, min(now - job.last_step_at, stall_threshold(job))) * job.world_size
     take = min(gpu_s, job.goodput.get("productive", 0.0))
     job.goodput["productive"] = job.goodput.get("productive", 0.0) - take
     job.goodput["recovery"] = job.goodput.get("recovery", 0.0) + take

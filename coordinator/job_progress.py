@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from coordinator import policy
+from coordinator import job_machine, policy
 from coordinator.goodput import account, charge_lost_work, move_stall, observe_step_time
 from proto.events import (
     EventBase,
@@ -68,12 +68,15 @@ class ProgressInputs:
             )
         )
 
-    async def on_progress(self, msg: Progress) -> None:
+    async def on_progress(self, msg: Progress, sender: str) -> None:
+        """Rank 0's word, from ``sender`` (the node its subject names). Only the node
+        hosting rank 0 of the job's current attempt speaks for its progress; an earlier
+        attempt's late word, or an attempt of 0 (unknown), changes nothing."""
         job = self.jobs.get(msg.job)
         if job is None or job.state.terminal:
             return
-        if msg.attempt and msg.attempt != job.attempt and not isinstance(msg, Checkpointed):
-            return  # an earlier attempt's late word (a durable checkpoint still counts)
+        if not job.nodes or sender != job.nodes[0] or not msg.attempt or msg.attempt != job.attempt:
+            return
         self._dirty.add(job.id)
         match msg:
             case StepDone(step=step, loss=loss):
@@ -86,25 +89,26 @@ class ProgressInputs:
                 job.last_step_at = time.time()
                 if step % job.spec.checkpoint.every_steps == 0:
                     self._checkpoint_began[job.id] = (step, time.monotonic())
-                if job.state is JobState.STARTING:
-                    job.state = JobState.RUNNING
+                if job_machine.fire(job, job_machine.Input.TRAINING) is not None:
                     job.first_step_at = job.first_step_at or time.time()
                     if job.restarts:
                         charge_lost_work(job, step - 1)
                 job.step, job.loss = step, loss
-                if step > job.failing_at_step:
-                    job.restarts_in_row = 0  # trained past where it kept failing
+                job_machine.trained_to(job, step)
                 job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
                 if msg.compile_s is not None:
                     job.compile_s = msg.compile_s
             case Paused(step=step):
                 self._arrival.pop(job.id, None)  # the pause is not a step's time
-                job.state, job.step = JobState.PAUSED, max(job.step, step)
+                if job_machine.fire(job, job_machine.Input.PAUSED) is None:
+                    return
+                job.step = max(job.step, step)
                 job.pauses += 1
                 why = ", ".join(job.pause_reasons) or "operator"
                 await self.publish(JobPaused(job=job.id, step=step, reason=why, message=why))
             case Resumed(step=step):
-                job.state = JobState.RUNNING
+                if job_machine.fire(job, job_machine.Input.RESUMED) is None:
+                    return
                 await self.publish(JobResumed(job=job.id, step=step, message=f"step {step}"))
             case Checkpointed(step=step, path=path, stall_s=stall):
                 job.last_checkpoint_step = step
@@ -112,8 +116,7 @@ class ProgressInputs:
                 if began is not None and began[0] == step:
                     job.checkpoint_s = time.monotonic() - began[1]
                     await self._at_risk_ahead(job)
-                if job.state is JobState.CHECKPOINTING:
-                    job.state = JobState.RUNNING
+                job_machine.fire(job, job_machine.Input.CHECKPOINTED)
                 move_stall(job, stall)
                 await self.publish(
                     JobCheckpointed(

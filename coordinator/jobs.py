@@ -1,10 +1,14 @@
-"""The job lifecycle: the I/O shell around the policy, admission and the job store.
+"""The job lifecycle's I/O shell: inputs in, the state machine and the policy decide,
+actions out.
 
-Every decision is the policy's (:mod:`coordinator.policy`); this module applies its
-actions, keeps the records (compare-and-set, :mod:`coordinator.jobstore`) and talks to the
-agents. A change of state is saved before the commands that act on it are sent, so a
-deposed leader's late transition fails at the store instead of reaching the nodes. The
-state machine is documented on :class:`proto.job.JobState`.
+Every change of a job's state is a row of :mod:`coordinator.job_machine`; every reaction
+to a fault is the policy's (:mod:`coordinator.policy`). This module feeds them what
+happened — events, rank 0's progress (:mod:`coordinator.job_progress`), the nodes' own
+rank reports reconciled each tick (:mod:`coordinator.reconcile`) — keeps the records
+(compare-and-set, :mod:`coordinator.jobstore`) and carries out what they return. A change
+of state is saved before the commands that act on it are sent, so a deposed leader's late
+transition fails at the store instead of reaching the nodes. Stops and launches run as
+tasks (:mod:`coordinator.recovery`, :mod:`coordinator.launch`) whose end is an input.
 """
 
 from __future__ import annotations
@@ -12,28 +16,32 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import structlog
 
-from coordinator import policy
+from coordinator import exclusion, job_machine, policy
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
-from coordinator.goodput import account
+from coordinator.goodput import account, charge_detection
+from coordinator.job_machine import Effect, Input
 from coordinator.job_progress import ProgressInputs
+from coordinator.job_reconcile import Reconciler
 from coordinator.jobstore import JobStore
 from coordinator.launch import Launcher
-from coordinator.recovery import Recovery, grow_reason
+from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
 from proto.api import ApiReply, JobControl, SubmitJob
-from proto.commands import CheckpointNow, Pause, Resume, ResyncClock, Stop
+from proto.commands import CheckpointNow, Pause, Resume, ResyncClock
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import (
     EventBase,
     JobAtRisk,
     JobCompleted,
     JobFailed,
+    JobRecovering,
     JobStopped,
     JobSubmitted,
     NodeLost,
@@ -45,7 +53,12 @@ from proto.job import JobRecord, JobState
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
-OVERDUE_S = 5.0  # clean exits without rank 0's final word: failed after this long
+OVERDUE_S = 5.0  # clean exits without rank 0's final word: decided after this long
+_END_INPUT = {
+    JobState.COMPLETED: Input.COMPLETE,
+    JobState.FAILED: Input.FAIL,
+    JobState.STOPPED: Input.STOPPED,
+}
 
 
 class JobManager(ProgressInputs):
@@ -58,20 +71,27 @@ class JobManager(ProgressInputs):
         self.publish = publish
         self.jobs: dict[str, JobRecord] = {}
         self.launcher = Launcher(commander, registry, publish, self.save)
-        self.recovery = Recovery(commander, registry, publish, self.save)
+        self.stopper = Stopper(commander, registry)
+        self.reconciler = Reconciler(self)
         self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
         self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
         self._checkpoint_began: dict[str, tuple[int, float]] = {}
         self._arrival: dict[str, tuple[int, float]] = {}
         self._dirty: set[str] = set()
-        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}
 
     # -- persistence ------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Take over every job from the store (a new leader continues where the last was)."""
+        """Take over every job from the store (a new leader continues where the last
+        was): stops that were under way are started again (they are idempotent)."""
         self.jobs = await self.store.load()
+        for job in self.jobs.values():
+            if job.state is JobState.RECOVERING and job.stopping_attempt:
+                self._stop_attempt(job, job.reason or "restart", graceful=job.stop_graceful)
+            elif job.stopping and not job.state.terminal:
+                self._spawn(job.id, "stop", self._stop_job(job.id, job.reason))
 
     async def save(self, job: JobRecord) -> None:
         """Compare-and-set; on a conflict the record another leader wrote replaces ours
@@ -89,6 +109,34 @@ class JobManager(ProgressInputs):
     async def flush(self) -> None:
         for job_id in list(self._dirty):
             await self.save(self.jobs[job_id])
+
+    def _spawn(self, job: str, what: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task (one per job and kind), logging its failure."""
+
+        async def logged() -> None:
+            try:
+                await work
+            except Conflict:
+                log.warning("another leader holds the job now", job=job, task=what)
+            except Exception as exc:
+                log.error("job task failed", job=job, task=what, error=repr(exc))
+
+        self._tasks[(job, what)] = asyncio.create_task(logged(), name=f"{what}:{job}")
+
+    def busy(self, job: str, what: str) -> bool:
+        task = self._tasks.get((job, what))
+        return task is not None and not task.done()
+
+    def abandon(self) -> None:
+        """Leadership lost: what this leader had under way is its successor's now."""
+        for task in self._tasks.values():
+            task.cancel()
+        self._tasks.clear()
+
+    async def settle(self) -> None:
+        """Wait for every task in flight (tests, and a leader stepping down)."""
+        while pending := [t for t in self._tasks.values() if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     # -- operator API -----------------------------------------------------------------
 
@@ -145,7 +193,8 @@ class JobManager(ProgressInputs):
                 await self._checkpoint(job, "operator request")
             case "stop":
                 await self._stop(job, "stop requested by operator")
-        await self.save(job)
+        if not job.state.terminal:
+            await self.save(job)
         if req.action == "resume" and job.pause_reasons:
             held = ", ".join(job.pause_reasons)
             return ApiReply(ok=False, job=job.id, error=f"job {job.id} stays paused: {held}")
@@ -154,6 +203,9 @@ class JobManager(ProgressInputs):
     # -- inputs -----------------------------------------------------------------------
 
     async def on_event(self, event: EventBase) -> None:
+        """One event, its ``node`` already checked against the subject it came on (the
+        leader does that): a rank's exit or hang is taken only from the node that hosts
+        that rank in the job's current attempt, and only once."""
         if event.condition is not None:
             for action in policy.on_node_condition(event.condition):
                 await self.apply(None, action)
@@ -161,14 +213,16 @@ class JobManager(ProgressInputs):
             if isinstance(event, SpotNotice) and event.deadline and event.node:
                 await self._warn_at_risk(job, event.node, event.deadline.timestamp() - time.time())
             if isinstance(event, WorkerExited | WorkerHung) and event.job == job.id:
-                if event.attempt != job.attempt:
+                if not self.reconciler.speaks_for(job, event):
                     continue
                 self._record(job, event)
+            elif isinstance(event, WorkerExited | WorkerHung):
+                continue  # another job's rank: nothing to do with this one
             silent: frozenset[str] = frozenset()
             if self._failed_rank(job, event):
                 # only a rank's failure asks which nodes are gone (see policy.decide)
                 now = time.monotonic()
-                silent = self.registry.silent(job.nodes, now) | await self.recovery.unreachable(job)
+                silent = self.registry.silent(job.nodes, now) | await self.stopper.unreachable(job)
             progressing = self._stepped_since_silent(job, event)
             for action in policy.decide(job, event, silent, progressing=progressing):
                 await self.apply(job, action)
@@ -193,7 +247,7 @@ class JobManager(ProgressInputs):
             node = event.node or "?"
             job.hangs[node] = job.hangs.get(node, 0) + 1
         else:
-            code = event.exit_code if event.exit_code is not None else -(event.signal or 0)
+            code = event.exit_code if event.exit_code is not None else -(event.signal or 255)
             job.exited_ranks[str(event.rank)] = code
             self._exited_at.setdefault((job.id, job.attempt), time.monotonic())
         self._dirty.add(job.id)
@@ -207,7 +261,6 @@ class JobManager(ProgressInputs):
             and event.exit_code != 0
             and job.state in policy.LIVE
             and not job.stopping
-            and not job.finished
         )
 
     def _stepped_since_silent(self, job: JobRecord, event: EventBase) -> bool:
@@ -244,17 +297,59 @@ class JobManager(ProgressInputs):
                     await self._to_rank0(job, Resume(job=job.id, reason=reason))
             case policy.CheckpointJob(reason=reason):
                 await self._checkpoint(job, reason)
-            case policy.RestartJob(
-                reason=reason, exclude=exclude, charged=charged, graceful=graceful
-            ):
-                await self.recovery.restart(job, reason, exclude, charged, graceful)
+            case policy.RestartJob():
+                await self._restart(job, action)
             case policy.ReportStraggler():
                 await self._straggler(job, action)
             case policy.RefuseNode(node=node, reason=reason):
                 await self.launcher.explain(job, {node: reason})
             case policy.FinishJob(state=state, reason=reason):
-                await self._finish(job, state, reason)
+                await self.finish(job, state, reason)
         self._dirty.add(job.id)
+
+    async def _restart(self, job: JobRecord, action: policy.RestartJob) -> None:
+        """Give the attempt up: count a failure against the budget (failing the job when
+        it repeats), leave out what the policy names, then stop the attempt as a task."""
+        if job.state not in policy.LIVE or job.stopping:
+            return
+        now = time.time()
+        if action.failure is not None:
+            if (spent := job_machine.charge(job, action.failure, action.exclude)) is not None:
+                await self.finish(job, JobState.FAILED, f"{action.reason}; {spent}")
+                return
+            job.restarts += 1
+        for node in action.exclude:
+            started = (
+                self.registry.nodes[node].agent_started_at if node in self.registry.nodes else 0.0
+            )
+            exclusion.leave_out(job, node, action.reason, now, started)
+        charge_detection(job, now)
+        job.failed_at_step, job.reason, job.stop_graceful = job.step, action.reason, action.graceful
+        job_machine.fire(job, Input.FAULT)
+        await self.save(job)
+        await self.publish(
+            JobRecovering(
+                job=job.id,
+                severity=Severity.WARNING,
+                reason=action.reason,
+                restarts=job.restarts,
+                message=action.reason
+                + (" (checkpointing at the next step first)" if action.graceful else ""),
+            )
+        )
+        self._stop_attempt(job, action.reason, action.graceful)
+
+    def _stop_attempt(self, job: JobRecord, reason: str, graceful: bool) -> None:
+        job_id, nodes, attempt = job.id, list(job.nodes), job.stopping_attempt
+
+        async def stop() -> None:
+            await self.stopper.stop_attempt(job_id, nodes, attempt, reason, graceful)
+            current = self.jobs.get(job_id)
+            if current is not None and current.stopping_attempt == attempt:
+                job_machine.fire(current, Input.ATTEMPT_STOPPED)
+                await self.save(current)
+
+        self._spawn(job_id, "stop-attempt", stop())
 
     async def _resync(self, node: str, reason: str) -> None:
         """The agent steps its clock and reports ``clock.resynced`` with the offsets."""
@@ -264,9 +359,8 @@ class JobManager(ProgressInputs):
             log.warning("clock resync failed", node=node, error=reply.error)
 
     async def _checkpoint(self, job: JobRecord, reason: str) -> None:
-        reply = await self._to_rank0(job, CheckpointNow(job=job.id, reason=reason))
-        if reply and job.state is JobState.RUNNING:
-            job.state = JobState.CHECKPOINTING
+        if await self._to_rank0(job, CheckpointNow(job=job.id, reason=reason)):
+            job_machine.fire(job, Input.CHECKPOINT)
 
     async def _to_rank0(self, job: JobRecord, cmd: Pause | Resume | CheckpointNow) -> bool:
         if not job.nodes or job.state not in policy.LIVE:
@@ -277,28 +371,39 @@ class JobManager(ProgressInputs):
         return reply.ok
 
     async def _stop(self, job: JobRecord, reason: str) -> None:
-        job.stopping, job.reason = True, reason
-        if not job.nodes:
-            await self._finish(job, JobState.STOPPED, reason)
+        job.reason = reason
+        row = job_machine.fire(job, Input.STOP)
+        if row is None:
+            return
+        if Effect.STOP_JOB not in row.effects:
+            await self._ended(job, row, reason)
             return
         await self.save(job)
-        grace = 15.0
-        await self.cmd.send_all(
-            job.nodes, lambda: Stop(job=job.id, reason=reason, grace_s=grace), grace + 15
-        )
+        self._spawn(job.id, "stop", self._stop_job(job.id, reason))
 
-    async def _finish(self, job: JobRecord, state: JobState, reason: str) -> None:
-        if job.state.terminal:
-            return
-        job.state, job.reason, job.finished_at = state, reason, time.time()
+    async def _stop_job(self, job_id: str, reason: str) -> None:
+        job = self.jobs[job_id]
+        silent = await self.stopper.stop_job(job_id, list(job.nodes), reason)
+        job = self.jobs.get(job_id, job)
+        if not job.state.terminal:
+            why = reason + (f"; {', '.join(silent)} did not confirm the stop" if silent else "")
+            await self.finish(job, JobState.STOPPED, why)
+
+    async def finish(self, job: JobRecord, state: JobState, reason: str) -> None:
+        job.reason = reason
+        row = job_machine.fire(job, _END_INPUT[state])
+        if row is not None:
+            await self._ended(job, row, reason)
+
+    async def _ended(self, job: JobRecord, row: job_machine.Row, reason: str) -> None:
+        job.finished_at = time.time()
         await self.save(job)
-        live = [n for n in job.nodes if n in self.registry.nodes]
-        if state is not JobState.COMPLETED and live:
-            await self.cmd.send_all(live, lambda: Stop(job=job.id, reason=reason, force=True))
+        if Effect.KILL_RANKS in row.effects and job.nodes:
+            self._spawn(job.id, "kill", self.stopper.kill(job.id, list(job.nodes), reason))
         event: EventBase
-        if state is JobState.COMPLETED:
+        if job.state is JobState.COMPLETED:
             event = JobCompleted(job=job.id, step=job.step, message=reason)
-        elif state is JobState.STOPPED:
+        elif job.state is JobState.STOPPED:
             event = JobStopped(job=job.id, step=job.step, reason=reason, message=reason)
         else:
             event = JobFailed(job=job.id, severity=Severity.CRITICAL, reason=reason, message=reason)
@@ -308,21 +413,21 @@ class JobManager(ProgressInputs):
 
     async def tick(self) -> None:
         now = time.time()
+        await self.reconciler.reconcile()
         for job in list(self.jobs.values()):
             if job.state.terminal:
                 continue
             account(job, now)
             self._dirty.add(job.id)
-            if job.id in self.recovery.held:
-                continue  # its last attempt is still stopping
-            if job.state in (JobState.PENDING, JobState.RECOVERING) and not job.stopping:
+            if job.state in (JobState.PENDING, JobState.RECOVERING):
+                if job.stopping_attempt or job.stopping:
+                    continue  # its last attempt is still stopping
                 for action in policy.waited_too_long(job, now):
                     await self.apply(job, action)
-                task = self._starting.get(job.id)
-                if not job.state.terminal and (task is None or task.done()):
-                    self._starting[job.id] = asyncio.create_task(self._start_logged(job))
+                if not job.state.terminal and not self.busy(job.id, "launch"):
+                    self._spawn(job.id, "launch", self.start_pending(job))
             elif why := grow_reason(job, self._free(job), now):
-                await self.apply(job, policy.RestartJob(why, charged=False, graceful=True))
+                await self.apply(job, policy.RestartJob(why, graceful=True))
             elif self._bounding_due(job, now):
                 job.bounding_checkpoint_at = now
                 await self._checkpoint(job, "bounding what a preemption notice can cost")
@@ -357,7 +462,8 @@ class JobManager(ProgressInputs):
 
     def _free(self, job: JobRecord) -> list[str]:
         """Healthy nodes ``job`` could grow onto: its spares first, then unused ones."""
-        busy, now = self._busy(job) | set(job.nodes) | set(job.excluded), time.monotonic()
+        left_out = exclusion.left_out(job, self.registry.nodes, time.time())
+        busy, now = self._busy(job) | set(job.nodes) | set(left_out), time.monotonic()
         silent = self.registry.silent(list(self.registry.nodes), now)
         free = [
             i
@@ -365,9 +471,3 @@ class JobManager(ProgressInputs):
             if n.healthy and i not in busy and i not in silent
         ]
         return sorted(free, key=lambda i: (i not in job.spare_nodes, i))
-
-    async def _start_logged(self, job: JobRecord) -> None:
-        try:
-            await self.start_pending(job)
-        except Exception as exc:  # retried on the next tick
-            log.error("job start failed", job=job.id, error=repr(exc))

@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from coordinator import exclusion
 from coordinator.commander import CommandSender
+from coordinator.job_machine import Input, fire
 from coordinator.policy import minimum_nodes
 from coordinator.registry import Registry
 from coordinator.rendezvous import admit, plan
@@ -41,6 +43,9 @@ class Launcher:
         self.cmd, self.registry, self.publish, self.save = cmd, registry, publish, save
         self._waiting_logged: dict[str, str] = {}
         self._refusals: dict[str, dict[str, str]] = {}
+        # when each attempt's launch was answered by every node (monotonic): its nodes'
+        # beats after this list its ranks (coordinator.reconcile)
+        self.launched_at: dict[tuple[str, int], float] = {}
 
     async def start(self, job: JobRecord, busy: set[str]) -> bool:
         """One try at starting ``job``'s next attempt; True when every node launched.
@@ -54,7 +59,7 @@ class Launcher:
             spec.nodes,
             spec.gpus_per_node,
             busy,
-            set(job.excluded),
+            exclusion.left_out(job, self.registry.nodes, time.time()),
             minimum=minimum,
             spares=spec.spares,
         )
@@ -82,7 +87,8 @@ class Launcher:
         job.spare_nodes, job.waiting_since = adm.spares, None
         job.attempt_started_at = time.time()
         job.master_addr, job.master_port = adm.chosen[0].addr, reply.port
-        job.state, job.started_at = JobState.STARTING, job.started_at or time.time()
+        job.started_at = job.started_at or time.time()
+        fire(job, Input.LAUNCH)
         await self.save(job)
         plans = plan(adm.chosen, spec.gpus_per_node, reply.port, spec.env)
         timeout = 30 + (spec.pre_start_timeout_s if spec.pre_start else 0)
@@ -112,12 +118,13 @@ class Launcher:
             job.reason = "launch failed: " + "; ".join(f"{n}: {e}" for n, e in failed.items())
             log.warning("launch failed", job=job.id, failed=failed)
             await self.cmd.send_all(nodes, lambda: Stop(job=job.id, force=True, reason="undo"))
-            job.state = JobState.RECOVERING if restarting else JobState.PENDING
+            fire(job, Input.UNDO_RELAUNCH if restarting else Input.UNDO_FIRST_LAUNCH)
             await self.save(job)
             return False
+        self.launched_at[(job.id, job.attempt)] = time.monotonic()
         job.reason = ""
         if spec.entry:
-            job.state = JobState.RUNNING  # a user's script sends no progress: running now
+            fire(job, Input.TRAINING)  # a user's script sends no progress: running now
         await self.explain(job, adm.skipped)
         await self.save(job)
         await self.publish(self._started(job, restarting, adm.skipped))

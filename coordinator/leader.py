@@ -26,11 +26,11 @@ from coordinator.registry import NodeInfo, Registry
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
-from proto.events import EventBase, NodeLost, Severity, kind_of
+from proto.events import NODE_REPORTED, EventBase, NodeLost, Severity, kind_of
 from proto.node import NodeRecord
 
 log = structlog.get_logger()
-Handler = Callable[[bytes], Awaitable[None]]
+Handler = Callable[[str, bytes], Awaitable[None]]  # subject, data
 NODE_REFRESH_S = 15.0  # telemetry in node records is at most this old
 WRITES_IN_FLIGHT = 32  # bounded, so lease renewals and commands never queue behind them
 YIELD_EVERY = 500  # nodes examined between yields to the event loop
@@ -60,6 +60,7 @@ class Leadership:
 
     async def start(self) -> None:
         await self.jobs.load()
+        self.jobs.reconciler.reset()
         self._subs = [
             await self.nc.subscribe(subjects.api(self.cluster, "submit"), cb=self._on_submit),
             await self.nc.subscribe(subjects.api(self.cluster, "control"), cb=self._on_control),
@@ -83,6 +84,7 @@ class Leadership:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        self.jobs.abandon()
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -122,18 +124,24 @@ class Leadership:
                 continue
             for msg in msgs:
                 try:
-                    await handle(msg.data)
+                    await handle(msg.subject, msg.data)
                 except Exception as exc:
                     log.error("handling failed", stream=stream, error=repr(exc))
                 await msg.ack()
 
-    async def _on_event(self, data: bytes) -> None:
+    async def _on_event(self, subject: str, data: bytes) -> None:
         try:
             event = decode_event(data)
         except msgspec.DecodeError as exc:
             log.warning("ignored a malformed event", error=str(exc))
             return
         if kind_of(event).startswith(("job.", "coordinator.")):
+            return
+        sender = subjects.sender(subject)
+        if (sender is not None or isinstance(event, NODE_REPORTED)) and event.node != sender:
+            # the bus lets an agent publish only on its own node's subjects: a node named
+            # in the body that is not the one in the subject is a forgery or a bug
+            log.warning("ignored an event naming another node", subject=subject, node=event.node)
             return
         self.alert(event)
         if event.condition is not None:
@@ -142,9 +150,13 @@ class Leadership:
         if self.decisions is not None:
             self.decisions.observe(max(0.0, time.time() - event.time.timestamp()))
 
-    async def _on_progress(self, data: bytes) -> None:
+    async def _on_progress(self, subject: str, data: bytes) -> None:
+        sender = subjects.sender(subject)
+        if sender is None:
+            log.warning("ignored progress on a subject naming no node", subject=subject)
+            return
         try:
-            await self.jobs.on_progress(progress_decoder.decode(data))
+            await self.jobs.on_progress(progress_decoder.decode(data), sender)
         except msgspec.DecodeError as exc:
             log.warning("ignored malformed progress", error=str(exc))
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from coordinator.job_machine import rewind_spent
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited, WorkerHung
-from proto.job import JobRecord, JobState
+from proto.job import Failure, JobRecord, JobState
 from proto.progress import BandwidthChecked, Rewound, Stragglers, slow_nodes
 
 LIVE = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PAUSED, JobState.CHECKPOINTING})
@@ -50,15 +51,15 @@ class CheckpointJob:
 
 @dataclass(frozen=True)
 class RestartJob:
-    """Restart without ``exclude``; ``charged``: the restart counts against the job's
-    ``max_restarts`` (not when nothing trained yet and no fault struck, as after a
-    preflight refusal); ``graceful``: the ranks stop at the next step boundary with a
-    checkpoint first, so the next attempt resumes from exactly that step (an evacuation
-    with notice, a replacement, growing back) instead of being killed at once."""
+    """Restart without ``exclude``; ``failure``: what failed, for the restart budget
+    (:func:`coordinator.job_machine.charge`; None: nothing failed, as after a preflight
+    refusal, a replacement or growing back); ``graceful``: the ranks stop at the next step
+    boundary with a checkpoint first, so the next attempt resumes from exactly that step
+    (an evacuation with notice, a replacement, growing back) instead of being killed."""
 
     reason: str
     exclude: tuple[str, ...] = ()
-    charged: bool = True
+    failure: Failure | None = None
     graceful: bool = False
 
 
@@ -131,20 +132,19 @@ def decide(
     if isinstance(event, WorkerExited) and event.job != job.id:
         return []  # another job's rank (or one naming no job): nothing to do with this one
     match event:
-        case WorkerExited(attempt=attempt) if attempt != job.attempt or job.stopping:
-            return all_exited(job) if job.stopping and attempt == job.attempt else []
-        case WorkerExited() if job.finished:
-            # Rank 0 already reported the end (its final checkpoint is durable): a rank
-            # dying during teardown loses nothing, so it is no reason to restart.
+        case WorkerExited(attempt=attempt) if attempt != job.attempt:
+            return []
+        case WorkerExited(exit_code=0):
             return all_exited(job)
-        case WorkerExited(node=node, rank=rank, exit_code=code) if code != 0:
+        case WorkerExited() if job.stopping:
+            return all_exited(job)  # the operator's stop: how each rank ended is moot
+        case WorkerExited(node=str(node), rank=rank):
             why = f"rank {rank} on {node} failed ({event.message})"
             gone = tuple(sorted(silent & set(job.nodes)))
             if gone:
                 why += f"; {', '.join(gone)} silent, left out"
-            return _restart_or_fail(job, why, gone)
-        case WorkerExited():
-            return all_exited(job)
+            failure = Failure(node=node, rank=rank, cause=exit_cause(event), step=job.step)
+            return [RestartJob(why, gone, failure)]
         case WorkerHung(attempt=attempt) if attempt != job.attempt:
             return []
         case WorkerHung(node=str(node), rank=rank, step=step, evidence=evidence):
@@ -152,15 +152,17 @@ def decide(
             repeated = job.hangs.get(node, 0) >= 2
             if repeated:
                 why += f"; {node} hung {job.hangs[node]} times, left out"
-            return _restart_or_fail(job, why, (node,) if repeated else ())
+            failure = Failure(node=node, rank=rank, cause="hang", step=job.step)
+            return [RestartJob(why, (node,) if repeated else (), failure)]
         case NodeLost() if progressing:
             # Its agent is silent but the ranks still step together, so its ranks are
             # alive: a dead or restarting agent is no reason to throw work away.
             return []
         case NodeLost(node=str(node)):
+            failure = Failure(node=node, cause="node lost", step=job.step)
             return [
                 DrainNode(node, "heartbeat lost"),
-                *_restart_or_fail(job, f"node {node} lost", (node,)),
+                RestartJob(f"node {node} lost", (node,), failure),
             ]
         case ClockResynced(node=str(node), ok=False, offset_after_ms=after) if (
             event.offset_measured and abs(after) > job.spec.policy.clock_max_offset_ms
@@ -169,8 +171,15 @@ def decide(
             # for want of a tool, on a clock measured in bounds, is the event's warning.
             limit = job.spec.policy.clock_max_offset_ms
             why = f"clock on {node} still {after:+.1f} ms off (limit {limit:g} ms) after a resync"
-            return [DrainNode(node, why), *_restart_or_fail(job, why, (node,))]
+            failure = Failure(node=node, cause="clock", step=job.step)
+            return [DrainNode(node, why), RestartJob(why, (node,), failure)]
     return []
+
+
+def exit_cause(event: WorkerExited) -> str:
+    if event.exit_code is not None:
+        return f"exit {event.exit_code}"
+    return f"signal {event.signal}" if event.signal else "exit unknown"
 
 
 def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
@@ -183,18 +192,19 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
         return _hold(job, cond, "operator request") if cond.job == job.id else []
     if job.state not in LIVE or cond.node not in job.nodes or cond.node in job.excluded:
         return []
-    pol, node = job.spec.policy, cond.node
+    # The agent's detector judged the threshold (its nvme.spike_us, gpu.critical_c): the
+    # condition and its severity are the evidence, not a second threshold per job.
+    node = cond.node
     match cond.kind:
-        case ConditionKind.NVME_LATENCY if (cond.value or 0.0) >= pol.nvme_pause_us:
-            return _hold(job, cond, f"NVMe {cond.subject} on {node} at {cond.value:.0f} µs")
+        case ConditionKind.NVME_LATENCY:
+            at = f" at {cond.value:.0f} µs" if cond.value is not None else ""
+            return _hold(job, cond, f"NVMe {cond.subject} on {node}{at}")
         case ConditionKind.NVME_READONLY:
             return _evacuate(job, node, f"NVMe {cond.subject} on {node} turned read-only")
         case ConditionKind.PREEMPTION:
             return _evacuate(job, node, f"preemption notice on {node} ({cond.subject})")
-        case ConditionKind.GPU_THERMAL if (
-            cond.severity is Severity.CRITICAL or (cond.value or 0.0) >= pol.gpu_critical_c
-        ):
-            # critical: at the threshold, or a hardware thermal slowdown below it
+        case ConditionKind.GPU_THERMAL if cond.severity is Severity.CRITICAL:
+            # critical: at the agent's gpu.critical_c, or a hardware thermal slowdown below it
             why = f"GPU {cond.subject} on {node}: {cond.reason or 'critical temperature'}"
             return _evacuate(job, node, why)
     return []
@@ -223,7 +233,7 @@ def on_bandwidth(job: JobRecord, msg: BandwidthChecked) -> list[Action]:
         return []
     return [
         *(RefuseNode(node, why) for node, why in reasons.items()),
-        RestartJob("; ".join(reasons.values()), tuple(reasons), charged=False),
+        RestartJob("; ".join(reasons.values()), tuple(reasons)),
     ]
 
 
@@ -320,25 +330,15 @@ def _release(job: JobRecord, cond: Condition) -> list[Action]:
 def _evacuate(job: JobRecord, node: str, why: str) -> list[Action]:
     """Take the node out and continue without it, from a checkpoint of the step the ranks
     are at (a graceful restart: nothing is lost while the node still runs)."""
-    return [DrainNode(node, why), *_restart_or_fail(job, why, (node,), graceful=True)]
-
-
-def _restart_or_fail(
-    job: JobRecord, reason: str, exclude: tuple[str, ...], *, graceful: bool = False
-) -> list[Action]:
-    if job.restarts_in_row >= job.spec.policy.max_restarts:
-        spent = f"restart budget of {job.restarts_in_row} spent"
-        if job.restarts_in_row:
-            spent += f" (restarts in a row without training past step {job.failing_at_step})"
-        return [FinishJob(JobState.FAILED, f"{reason}; {spent}")]
-    return [RestartJob(reason, exclude, graceful=graceful)]
+    failure = Failure(node=node, cause="evacuated", step=job.step)
+    return [DrainNode(node, why), RestartJob(why, (node,), failure, graceful=True)]
 
 
 def on_rewound(job: JobRecord, msg: Rewound) -> list[Action]:
     """The ranks went back to a good checkpoint after a numeric fault (``job.rewinds``
     already counts it): past ``max_rewinds`` the job fails with the evidence."""
     limit = job.spec.policy.max_rewinds
-    if job.rewinds <= limit:
+    if not rewind_spent(job):
         return []
     return [
         FinishJob(
@@ -364,7 +364,7 @@ def on_stragglers(job: JobRecord, msg: Stragglers, reported: set[int]) -> list[A
         actions.append(ReportStraggler(node, rank, seconds, median))
         if job.spec.job.spares and not any(isinstance(a, RestartJob) for a in actions):
             why = f"rank {rank} on {node} straggles: {seconds:.3f} s/step vs {median:.3f} s"
-            actions.append(RestartJob(why, (node,), charged=False, graceful=True))
+            actions.append(RestartJob(why, (node,), graceful=True))
     return actions
 
 
@@ -379,26 +379,32 @@ def stragglers(rank_step_s: list[float], ratio: float) -> dict[int, tuple[float,
 
 
 def all_exited(job: JobRecord) -> list[Action]:
-    """Every rank of the current attempt has exited (cleanly, or on our stop). Rank 0's
-    last progress may still be in flight (it travels on another stream), so an unexplained
-    early exit is left to :func:`overdue`. A job being restarted is not finishing: its
-    ranks stopping (gracefully, with rank 0's "stopped") is the restart's own doing."""
+    """Every rank of the current attempt has exited (cleanly, or on our stop). A job
+    completes only when rank 0 of the current attempt said so and every rank exited 0;
+    rank 0's last word may still be in flight (it travels on another stream), so a clean
+    exit without it is left to :func:`overdue`. A job being restarted is not finishing:
+    its ranks stopping is the restart's own doing."""
     if job.state not in LIVE or len(job.exited_ranks) < job.world_size:
         return []
-    if job.stopping or job.finished == "stopped":
+    if job.stopping:
         return [FinishJob(JobState.STOPPED, job.reason or "stopped")]
-    if job.finished == "completed" or job.step >= job.target_steps:
+    if any(code != 0 for code in job.exited_ranks.values()):
+        return []  # a failed rank restarts the job (decide)
+    if job.finished == "completed":
         return [FinishJob(JobState.COMPLETED, f"reached step {job.step}")]
-    if job.spec.job.entry and all(code == 0 for code in job.exited_ranks.values()):
+    if job.spec.job.entry:
         # A user's own script reports no steps: a clean exit of every rank is success.
         return [FinishJob(JobState.COMPLETED, "every rank of the entry point exited 0")]
     return []
 
 
 def overdue(job: JobRecord) -> list[Action]:
-    """All ranks exited cleanly but rank 0 never reported the end: fail the job."""
-    if job.state in LIVE and len(job.exited_ranks) >= job.world_size > 0:
-        return [
-            FinishJob(JobState.FAILED, f"ranks exited at step {job.step} of {job.target_steps}")
-        ]
-    return []
+    """All ranks exited cleanly a while ago but rank 0's final word never came: complete
+    when rank 0's own reports (the only ones taken) reached the target, else fail."""
+    if job.state not in LIVE or len(job.exited_ranks) < job.world_size or not job.world_size:
+        return []
+    if any(code != 0 for code in job.exited_ranks.values()):
+        return []
+    if job.step >= job.target_steps:
+        return [FinishJob(JobState.COMPLETED, f"reached step {job.step} (every rank exited 0)")]
+    return [FinishJob(JobState.FAILED, f"ranks exited at step {job.step} of {job.target_steps}")]

@@ -1,77 +1,75 @@
-"""Restarting a job: stopping the old attempt (at once, or gracefully at a step boundary
-with a checkpoint first), finding which of its nodes are gone, and growing a shrunk job
-back. The decisions are the policy's (:mod:`coordinator.policy`); this is their I/O.
+"""Stopping ranks, as tasks: a given-up attempt before the next launch (at once, or
+gracefully at a step boundary with a checkpoint first), the operator's stop of a whole job,
+and orphans that reconciliation found; finding which of a job's nodes are gone; growing a
+shrunk job back. The decisions are the policy's and the state machine's
+(:mod:`coordinator.job_machine`); this is their I/O, and it never decides.
 
-While an attempt is being stopped the job is *held*: the job manager does not launch the
-next attempt until every node has answered the stop, so a graceful stop's checkpoint is
-never cut short by the relaunch, and no launch meets ranks that are still alive.
+No handler awaits a stop: the job manager starts one of these as a task and feeds its
+end back to the state machine as an input, so one job's slow evacuation never delays
+another job's fault handling.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 
 import structlog
 
 from coordinator.commander import CommandSender
-from coordinator.goodput import charge_detection
 from coordinator.registry import Registry
 from proto.commands import Ping, Stop
-from proto.events import EventBase, JobRecovering, Severity
 from proto.job import JobRecord, JobState
 
 log = structlog.get_logger()
-Publish = Callable[[EventBase], Awaitable[None]]
-Save = Callable[[JobRecord], Awaitable[None]]
 
 PING_TIMEOUT_S = 1.0
 GRACE_S = 20.0  # a graceful stop's time to reach a boundary and make its checkpoint durable
+STOP_GRACE_S = 15.0  # the operator's stop: ranks get this long, then the job is stopped
 GROW_AFTER_S = 30.0  # a shrunk job runs this long on its nodes before growing back
 
 
-class Recovery:
-    def __init__(
-        self, cmd: CommandSender, registry: Registry, publish: Publish, save: Save
-    ) -> None:
-        self.cmd, self.registry, self.publish, self.save = cmd, registry, publish, save
-        self.held: set[str] = set()  # jobs whose old attempt is being stopped
+class Stopper:
+    def __init__(self, cmd: CommandSender, registry: Registry) -> None:
+        self.cmd, self.registry = cmd, registry
         self._pinged: dict[tuple[str, int], frozenset[str]] = {}
 
-    async def restart(
-        self, job: JobRecord, reason: str, exclude: tuple[str, ...], charged: bool, graceful: bool
+    def reachable(self, nodes: list[str]) -> list[str]:
+        """A node known to be gone would only make a stop wait for its timeout."""
+        gone = self.registry.silent(nodes, time.monotonic())
+        return [n for n in nodes if n in self.registry.nodes and n not in gone]
+
+    async def stop_attempt(
+        self, job: str, nodes: list[str], attempt: int, reason: str, graceful: bool
     ) -> None:
-        charge_detection(job, time.time())
-        job.state, job.reason = JobState.RECOVERING, reason
-        if charged:
-            job.restarts += 1
-            job.failing_at_step = max(job.step, job.failing_at_step if job.restarts_in_row else 0)
-            job.restarts_in_row += 1
-        job.failed_at_step = job.step
-        job.excluded = sorted({*job.excluded, *exclude})
-        await self.save(job)
-        await self.publish(
-            JobRecovering(
-                job=job.id,
-                severity=Severity.WARNING,
-                reason=reason,
-                restarts=job.restarts,
-                message=reason + (" (checkpointing at the next step first)" if graceful else ""),
-            )
+        """Stop ``attempt``'s ranks on ``nodes`` (never a later attempt's)."""
+        await self.cmd.send_all(
+            self.reachable(nodes),
+            lambda: Stop(
+                job=job, reason=reason, force=not graceful, grace_s=GRACE_S, attempt=attempt
+            ),
+            GRACE_S + 15,
         )
-        # a node known to be gone would only make the stop wait for its timeout
-        gone = self.registry.silent(job.nodes, time.monotonic())
-        live = [n for n in job.nodes if n in self.registry.nodes and n not in gone]
-        self.held.add(job.id)
+
+    async def stop_job(self, job: str, nodes: list[str], reason: str) -> list[str]:
+        """The operator's stop: graceful on every node, bounded by ``STOP_GRACE_S`` and a
+        margin whatever the nodes do. Returns the nodes that did not confirm."""
+        send = self.cmd.send_all(
+            nodes, lambda: Stop(job=job, reason=reason, grace_s=STOP_GRACE_S), STOP_GRACE_S + 4
+        )
         try:
-            await self.cmd.send_all(
-                live,
-                lambda: Stop(job=job.id, reason=reason, force=not graceful, grace_s=GRACE_S),
-                GRACE_S + 15,
-            )
-        finally:
-            self.held.discard(job.id)
+            replies = await asyncio.wait_for(send, STOP_GRACE_S + 5)
+        except TimeoutError:
+            return list(nodes)
+        return sorted(n for n, r in replies.items() if not r.ok)
+
+    async def kill(self, job: str, nodes: list[str], reason: str, attempt: int = 0) -> None:
+        """Kill what runs of ``job`` (of ``attempt`` and before; 0: any) on ``nodes``."""
+        await self.cmd.send_all(
+            self.reachable(nodes),
+            lambda: Stop(job=job, reason=reason, force=True, attempt=attempt),
+            15,
+        )
 
     async def unreachable(self, job: JobRecord) -> frozenset[str]:
         """The job's nodes whose agent does not answer a ping (asked once per attempt):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from proto.conditions import Condition, ConditionKind
-from proto.node import Heartbeat, NodeState, Telemetry
+from proto.node import Heartbeat, NodeState, RankReport, Telemetry
 
 
 @dataclass
@@ -35,6 +35,8 @@ class NodeInfo:
     # when its agent failed to answer a ping (coordinator's monotonic clock); a beat
     # received after it clears it
     suspect_at: float | None = None
+    ranks: list[RankReport] = field(default_factory=list)  # the agent's, as of its newest beat
+    agent_started_at: float = 0.0  # when its agent process started (a new value: restarted)
     # the newest change each event brought, by key, until a beat sent after it arrives
     _news: dict[str, Condition] = field(default_factory=dict, repr=False)
 
@@ -94,6 +96,7 @@ class Registry:
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
+        node.ranks, node.agent_started_at = beat.ranks, beat.started_at
         mirror = {c.key: c for c in beat.conditions if c.active}
         # An event may have overtaken the beat (they travel separately): its change stands
         # until a beat sent after it says otherwise.

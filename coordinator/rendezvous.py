@@ -9,6 +9,7 @@ MASTER_ADDR an IP address (no DNS on the critical path).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from coordinator.registry import NodeInfo
@@ -27,13 +28,14 @@ def admit(
     want: int,
     ranks_per_node: int,
     busy: set[str],
-    exclude: set[str],
+    exclude: Mapping[str, str],
     *,
     minimum: int | None = None,
     spares: int = 0,
 ) -> Admission:
     """Up to ``want`` nodes, at least ``minimum`` (default ``want``), or none; then up to
-    ``spares`` more held ready for the job. ``busy``: other jobs' nodes and spares."""
+    ``spares`` more held ready for the job. ``busy``: other jobs' nodes and spares;
+    ``exclude``: nodes left out of this job, with why (:mod:`coordinator.exclusion`)."""
     usable: list[NodeInfo] = []
     skipped: dict[str, str] = {}
     for node in sorted(nodes, key=lambda n: n.id):
@@ -48,9 +50,11 @@ def admit(
     return Admission(chosen, skipped, [n.id for n in usable[want : want + spares]])
 
 
-def _refusal(node: NodeInfo, ranks_per_node: int, busy: set[str], exclude: set[str]) -> str:
+def _refusal(
+    node: NodeInfo, ranks_per_node: int, busy: set[str], exclude: Mapping[str, str]
+) -> str:
     if node.id in exclude:
-        return "excluded after a fault in this job"
+        return exclude[node.id]
     if node.id in busy:
         return "busy with another job"
     if node.suspect_at is not None:

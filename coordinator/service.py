@@ -91,7 +91,9 @@ class Coordinator:
 
         async def on_beat(msg: Msg) -> None:
             with contextlib.suppress(msgspec.DecodeError):
-                self.registry.observe(heartbeat_decoder.decode(msg.data), time.monotonic())
+                beat = heartbeat_decoder.decode(msg.data)
+                if beat.node == subjects.sender(msg.subject):  # a node speaks for itself only
+                    self.registry.observe(beat, time.monotonic())
 
         async def on_canary(msg: Msg) -> None:
             self.registry.bus_alive(time.monotonic())

@@ -25,17 +25,19 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class JobSection(Config):
-    name: Name
-    nodes: Positive = 1
-    gpus_per_node: Positive = 1
+    name: Name  # required; letters, digits, "_" and "-", up to 63
+    nodes: Positive = 1  # nodes the job runs on
+    gpus_per_node: Positive = 1  # ranks per node (worker processes on CPU)
     # A user's own torch script, run under the torchrun environment instead of the
     # built-in trainer (argv; the first element is resolved relative to the job file).
+    # Unset: the built-in trainer.
     entry: list[str] | None = None
-    env: dict[str, str] = msgspec.field(default_factory=dict)
+    env: dict[str, str] = msgspec.field(default_factory=dict)  # extra environment of every rank
     # A script every node runs after its GPUs are up and before its ranks start (warm-up,
-    # cache priming); a non-zero exit fails that launch. Relative to the job file.
+    # cache priming); a non-zero exit fails that launch. Relative to the job file; unset:
+    # none.
     pre_start: str | None = None
-    pre_start_timeout_s: PositiveFloat = 300.0
+    pre_start_timeout_s: PositiveFloat = 300.0  # s; a pre_start still running then fails
     # Data-parallel jobs may continue on fewer nodes, down to this many, when a node is
     # lost and no healthy one can replace it (and grow back later). Unset: ``nodes``.
     min_nodes: Positive | None = None
@@ -48,9 +50,10 @@ class JobSection(Config):
 
 
 class TrainSection(Config):
+    # the built-in trainer's preset: tiny, small, 125m, 350m, 1b3, 3b (trainer/presets.py)
     model: str = "tiny"
-    steps: Positive = 200
-    precision: Literal["fp8", "bf16", "fp32"] = "fp8"
+    steps: Positive = 200  # optimizer steps to train
+    precision: Literal["fp8", "bf16", "fp32"] = "fp8"  # fp8 is emulated on CPU
     # float8 scaling (precision = "fp8" only): "auto" picks, per block linear, tensorwise
     # (one scale per tensor), rowwise (one per row) or high precision, by what pays for its
     # shape; "tensorwise" or "rowwise" use that scaling for every block linear.
@@ -61,66 +64,77 @@ class TrainSection(Config):
     # Recompute each block in backward instead of keeping its activations; unset: on with
     # CUDA for models of a billion parameters and more.
     activation_checkpointing: bool | None = None
-    micro_batch_size: Positive = 4
+    micro_batch_size: Positive = 4  # sequences per rank per step
     # On CUDA: start at micro_batch_size and halve until a step fits in free GPU memory.
     auto_micro_batch: bool = False
-    seq_len: Positive = 128
+    seq_len: Positive = 128  # tokens per sequence
+    # "synthetic", or a .bin file of uint16 tokens (trainer.tokenize; relative to the
+    # job's working directory) read through memmap
     data: str = "synthetic"
-    lr: PositiveFloat = 3e-4
-    grad_clip: PositiveFloat = 1.0
-    seed: NonNegative = 0
+    lr: PositiveFloat = 3e-4  # peak learning rate
+    grad_clip: PositiveFloat = 1.0  # gradient-norm clipping
+    seed: NonNegative = 0  # initial weights and the order of the data
     # deepspeed (ZeRO, zero_stage below), fsdp (FSDP2, torch.distributed.checkpoint), or
     # plain ddp.
     engine: Literal["deepspeed", "fsdp", "ddp"] = "deepspeed"
-    zero_stage: Annotated[int, msgspec.Meta(ge=0, le=3)] = 1
-    log_every: Positive = 1
+    zero_stage: Annotated[int, msgspec.Meta(ge=0, le=3)] = 1  # ZeRO stage (deepspeed only)
+    log_every: Positive = 1  # steps between rank 0's progress reports
     # Multi-node jobs: time an all-reduce over each link between nodes before the first
     # step and refuse a node under policy.min_bandwidth_ratio (trainer/preflight_bw.py).
     preflight_bandwidth: bool = True
 
 
 class CheckpointSection(Config):
-    every_steps: Positive = 50
-    dir: str = "checkpoints"
-    keep: Positive = 3
+    every_steps: Positive = 50  # steps between periodic checkpoints
+    dir: str = "checkpoints"  # the durable directory (relative: to the job's working dir)
+    keep: Positive = 3  # durable checkpoints kept; older ones are pruned
+    # where ranks stage a checkpoint before it is copied to ``dir``; unset: a per-job
+    # directory in /dev/shm (RAM) when writable, else under the working directory
     staging_dir: str | None = None
 
 
 class PolicySection(Config):
-    nvme_pause_us: PositiveFloat = 100.0
-    nvme_resume_us: PositiveFloat = 50.0
-    nvme_hold_s: Annotated[float, msgspec.Meta(ge=0)] = 3.0
+    """How the job reacts to what is found, decided by the coordinator (and, for the hang
+    and numeric keys, by the agent's hang watch and the trainer, which read this spec).
+    What opens and closes a condition on a node (NVMe latency, GPU temperature, clock
+    offset, PCIe, topology) is the node agent's to judge, in its own config
+    (nodeagent/config.py), and missed heartbeats the coordinator's (Registry): the policy
+    acts on the condition and the severity the agent gave it."""
+
+    # ms. After a resync the agent judged failed, the node is drained only if the offset
+    # it measured is still beyond this; the agent's clock.max_offset_ms opens the drift.
     clock_max_offset_ms: PositiveFloat = 5.0
-    gpu_warn_c: PositiveFloat = 85.0
-    gpu_critical_c: PositiveFloat = 92.0
     # Restarts in a row without the job training past the step it failed at: a job that
     # keeps failing at the same place (a crash loop) fails; faults far apart, each one
     # trained past, never exhaust it.
     max_restarts: NonNegative = 3
-    heartbeat_missed: Positive = 3
     # The preflight bandwidth check refuses a node whose bus bandwidth is under this
     # fraction of the median of its peers' (three nodes and more).
     min_bandwidth_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
-    # A job that cannot run (too few healthy nodes) fails after waiting this long.
+    # s; a job that cannot run (too few healthy nodes) fails after waiting this long.
     wait_for_nodes_s: PositiveFloat = 600.0
+    # A node left out after a fault is eligible again after this many seconds (twice as
+    # long each time it faults again soon after), or once its agent restarts healthy.
+    exclude_s: PositiveFloat = 300.0
     # A rank is hung when it makes no progress for max(hang_step_factor × its median
-    # step time, hang_floor_s) outside start-up, checkpoints and pauses.
+    # step time, hang_floor_s seconds) outside start-up, checkpoints and pauses; the
+    # agent's hang watch reads both from the job's spec.
     hang_step_factor: PositiveFloat = 3.0
     hang_floor_s: PositiveFloat = 3.0
     # A straggler: its median compute time per step over straggler_window_steps steps is
     # over straggler_ratio × the median of its peers'.
     straggler_ratio: Annotated[float, msgspec.Meta(gt=1)] = 1.5
     straggler_window_steps: Annotated[int, msgspec.Meta(ge=3)] = 20
-    # The shortest preemption notice the job's nodes may get (AWS spot 120 s, GCP and Azure
-    # 30 s); unset: none expected. When a measured checkpoint takes longer, the job is at
-    # risk ahead of any notice: it says so (job.at_risk) and checkpoints every
+    # s; the shortest preemption notice the job's nodes may get (AWS spot 120 s, GCP and
+    # Azure 30 s); unset: none expected. When a measured checkpoint takes longer, the job
+    # is at risk ahead of any notice: it says so (job.at_risk) and checkpoints every
     # max(notice, checkpoint time) seconds, so a notice costs at most that much work.
     preemption_notice_s: PositiveFloat | None = None
     # Numeric faults (non-finite loss, gradient-norm explosion): rewind to the newest
     # good checkpoint at most this many times, then fail the job with the evidence.
     max_rewinds: NonNegative = 3
     # A gradient norm over this many times the median of the recent steps' is an
-    # explosion.
+    # explosion (the trainer judges it).
     grad_norm_spike: Annotated[float, msgspec.Meta(gt=1)] = 50.0
 
 
@@ -131,6 +145,8 @@ class AlertsSection(Config):
 
 
 class JobSpec(Config):
+    """The job file; every key, its unit, default and owner: docs/jobfile.md."""
+
     job: JobSection
     train: TrainSection = msgspec.field(default_factory=TrainSection)
     checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
@@ -173,6 +189,30 @@ GOODPUT_BUCKETS = (
 )
 
 
+class Failure(msgspec.Struct, kw_only=True):
+    """What failed, as the restart budget compares failures (coordinator.job_machine):
+    the node, the rank (None: the whole node), how (``exit 1``, ``signal 9``, ``hang``,
+    ``node lost`` …) and the step the job had reached."""
+
+    node: str
+    rank: int | None = None
+    cause: str = ""
+    step: int = 0
+
+
+class Exclusion(msgspec.Struct, kw_only=True):
+    """A node left out of a job after a fault, and until when (wall time). It is eligible
+    again after ``until``, or sooner once its agent starts anew (``agent_started_at``
+    changes) and reports healthy. ``count``: exclusions in a row, each one twice as long
+    (a node that faults again soon after it came back)."""
+
+    reason: str
+    since: float
+    until: float
+    count: int = 1
+    agent_started_at: float = 0.0
+
+
 class JobRecord(msgspec.Struct, kw_only=True):
     """What the coordinator keeps for a job in KV; ``status JOB --json`` prints it."""
 
@@ -206,7 +246,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     attempt: int = 0
     stopping: bool = False
     finished: str = ""  # rank 0's own word on how training ended: completed | stopped
-    excluded: list[str] = msgspec.field(default_factory=list)
+    # nodes left out after a fault, by node; an entry stays after it ends (``until`` in the
+    # past) so that a node that faults again soon is left out for longer (backoff)
+    excluded: dict[str, Exclusion] = msgspec.field(default_factory=dict)
     spare_nodes: list[str] = msgspec.field(default_factory=list)  # held for it ([job] spares)
     failed_at_step: int = 0  # the step reached before the last restart (for lost_work)
     rewinds: int = 0  # numeric faults the job went back from (job.rewound)
@@ -218,6 +260,11 @@ class JobRecord(msgspec.Struct, kw_only=True):
     # and the furthest step those failures had reached
     restarts_in_row: int = 0
     failing_at_step: int = 0
+    last_failure: Failure | None = None  # the newest failure the budget counted
+    # the attempt whose ranks are being stopped before the next launch (0: none): the
+    # next attempt launches only once its stop is done (coordinator.job_machine)
+    stopping_attempt: int = 0
+    stop_graceful: bool = False  # that stop lets the ranks checkpoint at a boundary first
     # hangs found per node (worker.hung): a node whose ranks hang twice is left out
     hangs: dict[str, int] = msgspec.field(default_factory=dict)
     # since when the job has waited for enough healthy nodes (policy.wait_for_nodes_s)

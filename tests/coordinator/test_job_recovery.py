@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from test_jobs import Cluster, exited, spec
+from test_jobs import Cluster, exited, rank0, spec
 
 from coordinator import policy
 from coordinator.jobs import JobManager
@@ -39,8 +39,9 @@ async def launched(
     s.job.min_nodes, s.job.spares = min_nodes, spares
     reply = await m.submit(SubmitJob(spec=s, workdir="/w"))
     job = m.jobs[reply.job]
+    await m.settle()
     await m.start_pending(job)
-    await m.on_progress(StepDone(job=job.id, step=5, loss=5.0))
+    await rank0(m, StepDone(job=job.id, step=5, loss=5.0))
     assert job.state is JobState.RUNNING
     return job
 
@@ -56,14 +57,15 @@ async def test_a_hang_restarts_once_and_a_node_that_hangs_again_is_left_out() ->
     m = c.leader()
     job = await launched(c, m)
     await m.on_event(hung(job, "node-1"))
-    assert job.state is JobState.RECOVERING and job.restarts == 1 and job.excluded == []
+    assert job.state is JobState.RECOVERING and job.restarts == 1 and job.excluded == {}
     assert job.hangs == {"node-1": 1}
     await m.on_event(hung(job, "node-1"))  # the same attempt's second report: nothing
     assert job.restarts == 1
+    await m.settle()
     await m.start_pending(job)
-    await m.on_progress(StepDone(job=job.id, step=6, loss=5.0))
+    await rank0(m, StepDone(job=job.id, step=6, loss=5.0))
     await m.on_event(hung(job, "node-1"))
-    assert job.restarts == 2 and job.excluded == ["node-1"] and "left out" in job.reason
+    assert job.restarts == 2 and list(job.excluded) == ["node-1"] and "left out" in job.reason
 
 
 async def test_a_dead_agent_is_found_by_ping_and_one_fault_costs_one_restart() -> None:
@@ -73,11 +75,12 @@ async def test_a_dead_agent_is_found_by_ping_and_one_fault_costs_one_restart() -
     c.agents.down.add("node-1")  # the machine died: its agent answers nothing
     await m.on_event(exited(job, 0, 1, node="node-0"))  # its peer's rank fails first
     assert job.state is JobState.RECOVERING and job.restarts == 1
-    assert job.excluded == ["node-1"] and "node-1 silent, left out" in job.reason
+    assert list(job.excluded) == ["node-1"] and "node-1 silent, left out" in job.reason
     assert len(c.agents.commands(Ping)) == 1  # node-0 answered; node-1 could not
     assert not c.agents.commands(Stop, "node-1")  # no waiting on a stop nobody hears
     await m.on_event(exited(job, 0, None, node="node-0"))  # the restart's own SIGTERM
     assert job.restarts == 1
+    await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-0", "node-2"]
 
@@ -87,7 +90,7 @@ async def test_a_lost_node_whose_ranks_still_step_is_not_restarted() -> None:
     m = c.leader()
     job = await launched(c, m)
     c.registry.nodes["node-1"].last_seen = time.monotonic() - 5.0  # its agent went quiet
-    await m.on_progress(StepDone(job=job.id, step=9, loss=4.0))  # ... ranks still step
+    await rank0(m, StepDone(job=job.id, step=9, loss=4.0))  # ... ranks still step
     await m.on_event(NodeLost(node="node-1"))
     assert job.state is JobState.RUNNING and job.restarts == 0
 
@@ -98,13 +101,15 @@ async def test_a_preemption_checkpoints_at_a_boundary_and_resumes_from_there() -
     job = await launched(c, m)
     cond = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws")
     await m.on_event(SpotNotice(node="node-1", condition=cond))
+    await m.settle()
     [stop, *_] = c.agents.commands(Stop, "node-0")
     assert isinstance(stop, Stop) and not stop.force and stop.grace_s > 0
     # the ranks stop themselves at the next boundary, with a durable checkpoint
-    await m.on_progress(Finished(job=job.id, step=6, outcome="stopped"))
+    await rank0(m, Finished(job=job.id, step=6, outcome="stopped"))
     for rank, node in ((0, "node-0"), (1, "node-1")):
         await m.on_event(exited(job, rank, 0, node=node))
     assert job.state is JobState.RECOVERING  # a restart, not the job stopping
+    await m.settle()
     await m.start_pending(job)
     assert job.state is JobState.STARTING and job.nodes == ["node-0", "node-2"]
 
@@ -114,11 +119,12 @@ async def test_with_no_node_left_a_job_shrinks_to_min_nodes_and_grows_back() -> 
     m = c.leader()
     job = await launched(c, m, min_nodes=1)
     await m.on_event(NodeLost(node="node-1"))
+    await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-0"] and job.world_size == 1
     shrunk = [e for e in c.events if isinstance(e, JobShrunk)]
     assert shrunk and shrunk[0].previous_world_size == 2 and shrunk[0].world_size == 1
-    await m.on_progress(StepDone(job=job.id, step=7, loss=4.0))
+    await rank0(m, StepDone(job=job.id, step=7, loss=4.0))
     c.beat("node-2")  # a healthy node registers
     stops = len(c.agents.commands(Stop))
     await m.tick()
@@ -126,8 +132,10 @@ async def test_with_no_node_left_a_job_shrinks_to_min_nodes_and_grows_back() -> 
     job.attempt_started_at = time.time() - 60
     await m.tick()
     assert job.state is JobState.RECOVERING and job.restarts == 1  # growing is uncharged
+    await m.settle()
     [grow] = c.agents.commands(Stop)[stops:]
     assert isinstance(grow, Stop) and not grow.force  # gracefully, from a checkpoint
+    await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-0", "node-2"]
     assert any(isinstance(e, JobGrown) and e.world_size == 2 for e in c.events)
@@ -138,6 +146,7 @@ async def test_without_min_nodes_a_job_waits_then_fails_with_the_reason() -> Non
     m = c.leader()
     job = await launched(c, m)
     await m.on_event(NodeLost(node="node-1"))
+    await m.settle()
     await m.start_pending(job)
     assert job.state is JobState.RECOVERING and "waiting for 2 healthy nodes" in job.reason
     assert job.waiting_since is not None
@@ -153,9 +162,11 @@ async def test_spares_are_held_for_the_job_and_replace_a_lost_node() -> None:
     job = await launched(c, m, spares=1)
     assert job.nodes == ["node-0", "node-1"] and job.spare_nodes == ["node-2"]
     other = await m.submit(SubmitJob(spec=spec(2), workdir="/w"))
+    await m.settle()
     await m.start_pending(m.jobs[other.job])  # node-3 alone is free: it must wait
     assert m.jobs[other.job].state is JobState.PENDING
     await m.on_event(NodeLost(node="node-0"))
+    await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-1", "node-2"]
     assert not [e for e in c.events if isinstance(e, JobShrunk)]
@@ -166,8 +177,8 @@ async def test_a_straggler_is_reported_once_and_replaced_when_the_job_has_a_spar
     m = c.leader()
     plain = await launched(c, m)
     slow = Stragglers(job=plain.id, step=20, rank_step_s=[0.1, 0.31], window_steps=20)
-    await m.on_progress(slow)
-    await m.on_progress(slow)
+    await rank0(m, slow)
+    await rank0(m, slow)
     found = [e for e in c.events if isinstance(e, WorkerStraggler)]
     assert len(found) == 1 and found[0].node == "node-1" and found[0].rank == 1
     assert found[0].ratio == pytest.approx(3.1)
@@ -175,9 +186,10 @@ async def test_a_straggler_is_reported_once_and_replaced_when_the_job_has_a_spar
     c2 = Cluster(nodes=4)
     m2 = c2.leader()
     spared = await launched(c2, m2, spares=1)
-    await m2.on_progress(Stragglers(job=spared.id, rank_step_s=[0.3, 0.1], window_steps=20))
+    await rank0(m2, Stragglers(job=spared.id, rank_step_s=[0.3, 0.1], window_steps=20))
     assert spared.state is JobState.RECOVERING and spared.restarts == 0
-    assert spared.excluded == ["node-0"]
+    assert list(spared.excluded) == ["node-0"]
+    await m2.settle()
     await m2.start_pending(spared)
     assert spared.nodes == ["node-1", "node-2"]
 
@@ -195,12 +207,12 @@ async def test_numeric_faults_rewind_until_the_limit_then_fail_with_the_evidence
     limit = job.spec.policy.max_rewinds
     bad = Rewound(job=job.id, step=50, from_step=57, skip_from=50, skip_to=58, reason="loss is nan")
     for _ in range(limit):
-        await m.on_progress(bad)
+        await rank0(m, bad)
     rewound = [e for e in c.events if isinstance(e, JobRewound)]
     assert len(rewound) == limit and rewound[0].to_step == 50 and rewound[0].skip_to == 58
     assert "steps 50-57 skipped" in rewound[0].message
     assert job.state is JobState.RUNNING and job.step == 50
-    await m.on_progress(bad)
+    await rank0(m, bad)
     assert job.state is JobState.FAILED and "loss is nan" in job.reason
     assert f"over the limit of {limit}" in job.reason
     assert not c.agents.commands(Launch, "node-2")
@@ -223,11 +235,12 @@ async def test_a_late_step_of_the_previous_attempt_does_not_make_the_next_one_ru
     m = c.leader()
     job = await launched(c, m)
     await m.on_event(exited(job, 1, 1, node="node-1"))
+    await m.settle()
     await m.start_pending(job)
     assert job.state is JobState.STARTING and job.attempt == 2
-    await m.on_progress(StepDone(job=job.id, step=9, loss=4.0, attempt=1))
+    await rank0(m, StepDone(job=job.id, step=9, loss=4.0, attempt=1))
     assert job.state is JobState.STARTING
-    await m.on_progress(StepDone(job=job.id, step=6, loss=4.0, attempt=2))
+    await rank0(m, StepDone(job=job.id, step=6, loss=4.0, attempt=2))
     assert job.state is JobState.RUNNING
 
 
@@ -236,8 +249,8 @@ async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first(
     m = c.leader()
     job = await launched(c, m)
     every = job.spec.checkpoint.every_steps
-    await m.on_progress(StepDone(job=job.id, step=every, loss=4.0, attempt=job.attempt))
-    await m.on_progress(Checkpointed(job=job.id, step=every, path="/c", attempt=job.attempt))
+    await rank0(m, StepDone(job=job.id, step=every, loss=4.0, attempt=job.attempt))
+    await rank0(m, Checkpointed(job=job.id, step=every, path="/c", attempt=job.attempt))
     assert job.checkpoint_s is not None and job.checkpoint_s >= 0
     assert policy.at_risk(job, "node-1", 5.0 + job.checkpoint_s) is None  # it fits
     job.checkpoint_s = 12.0  # as measured on a large model
@@ -260,8 +273,8 @@ async def test_checkpoints_longer_than_the_expected_notice_are_said_and_made_oft
     job = await launched(c, m)
     job.spec.policy.preemption_notice_s = 30.0
     every = job.spec.checkpoint.every_steps
-    await m.on_progress(StepDone(job=job.id, step=every, loss=4.0, attempt=job.attempt))
-    await m.on_progress(Checkpointed(job=job.id, step=every, path="/c", attempt=job.attempt))
+    await rank0(m, StepDone(job=job.id, step=every, loss=4.0, attempt=job.attempt))
+    await rank0(m, Checkpointed(job=job.id, step=every, path="/c", attempt=job.attempt))
     assert not [e for e in c.events if isinstance(e, JobAtRisk)]  # fast: it fits a notice
     job.checkpoint_s = 50.0  # measured on a large model
     assert policy.bounded_cadence(job) == 50.0

@@ -39,7 +39,7 @@ from proto.events import (
 )
 from proto.job import JobRecord, JobSection, JobSpec, JobState
 from proto.node import Heartbeat
-from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
+from proto.progress import Checkpointed, Finished, Paused, Progress, Resumed, StepDone
 
 pytestmark = pytest.mark.anyio
 
@@ -100,16 +100,26 @@ async def submitted(c: Cluster, m: JobManager, nodes: int = 2) -> JobRecord:
 async def running(c: Cluster, m: JobManager) -> JobRecord:
     job = await submitted(c, m)
     await m.start_pending(job)
-    await m.on_progress(StepDone(job=job.id, step=1, loss=5.0, tokens_per_s=1000.0))
+    await rank0(m, StepDone(job=job.id, step=1, loss=5.0, tokens_per_s=1000.0))
     assert job.state is JobState.RUNNING
     return job
 
 
-def exited(job: JobRecord, rank: int, code: int | None, node: str = "node-0") -> WorkerExited:
+def exited(job: JobRecord, rank: int, code: int | None, node: str = "") -> WorkerExited:
+    """Rank ``rank``'s exit, from the node hosting it unless ``node`` says otherwise."""
     signal = 15 if code is None else None
+    node = node or job.nodes[rank // job.spec.job.gpus_per_node]
     return WorkerExited(
         node=node, job=job.id, rank=rank, exit_code=code, signal=signal, attempt=job.attempt
     )
+
+
+async def rank0(m: JobManager, msg: Progress) -> None:
+    """Rank 0's progress as its node relays it: stamped with the job's current attempt
+    (unless the message names one) and sent from the node hosting rank 0."""
+    job = m.jobs[msg.job]
+    msg.attempt = msg.attempt or job.attempt
+    await m.on_progress(msg, job.nodes[0] if job.nodes else "")
 
 
 def spike(node: str, dev: str, active: bool = True) -> EventBase:
@@ -211,8 +221,8 @@ async def test_starting_to_running_on_the_first_step() -> None:
     assert stored.state is JobState.RUNNING and stored.step == 1 and stored.loss == 5.0
     assert stored.tokens_per_s == 1000.0 and stored.first_step_at is not None
     assert stored.mfu is None and stored.compile_s is None  # CPU, not compiled
-    await m.on_progress(StepDone(job=job.id, step=2, loss=4.9, mfu=0.47, compile_s=31.5))
-    await m.on_progress(StepDone(job=job.id, step=3, loss=4.8, mfu=0.48))
+    await rank0(m, StepDone(job=job.id, step=2, loss=4.9, mfu=0.47, compile_s=31.5))
+    await rank0(m, StepDone(job=job.id, step=3, loss=4.8, mfu=0.48))
     await m.flush()
     stored = await c.stored(job.id)
     assert (stored.mfu, stored.compile_s) == (0.48, 31.5)  # compile time is kept
@@ -226,12 +236,12 @@ async def test_running_paused_and_resumed_by_the_operator() -> None:
     assert len(c.agents.commands(Pause, "node-0")) == 1
     operator = condition_key(ConditionKind.OPERATOR, job=job.id)
     assert job.pause_reasons == [operator]
-    await m.on_progress(Paused(job=job.id, step=7))
+    await rank0(m, Paused(job=job.id, step=7))
     assert job.state is JobState.PAUSED and job.pauses == 1
     assert isinstance(c.events[-1], JobPaused) and c.events[-1].reason == operator
     assert (await m.control(JobControl(job=job.id, action="resume"))).ok
     assert len(c.agents.commands(Resume, "node-0")) == 1 and job.pause_reasons == []
-    await m.on_progress(Resumed(job=job.id, step=7))
+    await rank0(m, Resumed(job=job.id, step=7))
     await m.flush()  # the ticker's flush: progress is saved in batches
     assert (await c.stored(job.id)).state is JobState.RUNNING
 
@@ -243,7 +253,7 @@ async def test_running_to_checkpointing_and_back() -> None:
     assert (await m.control(JobControl(job=job.id, action="checkpoint"))).ok
     assert len(c.agents.commands(CheckpointNow, "node-0")) == 1
     assert job.state is JobState.CHECKPOINTING
-    await m.on_progress(Checkpointed(job=job.id, step=9, path="/ck/step-9", stall_s=0.2))
+    await rank0(m, Checkpointed(job=job.id, step=9, path="/ck/step-9", stall_s=0.2))
     await m.flush()
     stored = await c.stored(job.id)
     assert stored.state is JobState.RUNNING and stored.last_checkpoint_step == 9
@@ -254,7 +264,7 @@ async def test_running_to_completed_when_every_rank_is_done() -> None:
     c = Cluster()
     m = c.leader()
     job = await running(c, m)
-    await m.on_progress(Finished(job=job.id, step=100, outcome="completed"))
+    await rank0(m, Finished(job=job.id, step=100, outcome="completed"))
     await m.on_event(exited(job, 0, 0))
     assert job.state is JobState.RUNNING  # rank 1 is still running
     await m.on_event(exited(job, 1, 0, node="node-1"))
@@ -282,12 +292,28 @@ async def test_stop_is_graceful_and_ends_stopped_when_the_ranks_are_gone() -> No
     c = Cluster()
     m = c.leader()
     job = await running(c, m)
+    c.agents.down.add("node-1")  # the agents answer once their ranks are gone; node-1 never
     assert (await m.control(JobControl(job=job.id, action="stop"))).ok
-    stops = c.agents.commands(Stop)
-    assert len(stops) == 2 and not any(s.force for s in stops)  # type: ignore[attr-defined]
-    assert (await c.stored(job.id)).stopping
+    assert (await c.stored(job.id)).stopping  # on record before any node is told
     await m.on_event(exited(job, 0, None))
-    await m.on_event(exited(job, 1, None, node="node-1"))
+    assert job.state is JobState.RUNNING  # one rank of two gone: not stopped yet
+    await m.settle()
+    graceful, *killed = c.agents.commands(Stop)
+    assert not graceful.force and graceful.grace_s > 0  # type: ignore[attr-defined]
+    assert all(k.force for k in killed)  # type: ignore[attr-defined]  # whatever remains
+    stored = await c.stored(job.id)
+    assert stored.state is JobState.STOPPED
+    assert "node-1 did not confirm the stop" in stored.reason  # named, and stopped anyway
+    assert isinstance(c.events[-1], JobStopped) and "node-1" in c.events[-1].message
+
+
+async def test_stop_ends_as_soon_as_every_rank_has_exited() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await running(c, m)
+    await m.control(JobControl(job=job.id, action="stop"))
+    await m.on_event(exited(job, 0, None))
+    await m.on_event(exited(job, 1, None))
     assert (await c.stored(job.id)).state is JobState.STOPPED
 
 
@@ -311,8 +337,14 @@ async def test_a_failed_rank_recovers_and_restarts_on_the_same_nodes() -> None:
     await m.on_event(exited(job, 1, 1, node="node-1"))
     stored = await c.stored(job.id)
     assert stored.state is JobState.RECOVERING and stored.restarts == 1
-    assert all(s.force for s in c.agents.commands(Stop))  # type: ignore[attr-defined]
+    assert stored.stopping_attempt == 1  # on record before the stop is sent
     assert isinstance(c.events[-1], JobRecovering)
+    await m.tick()
+    assert c.agents.commands(Launch, "node-1") == [c.agents.commands(Launch, "node-1")[0]]
+    await m.settle()  # the stop runs as a task; its end lets the next attempt launch
+    stops = c.agents.commands(Stop)
+    assert len(stops) == 2 and all(s.force and s.attempt == 1 for s in stops)  # type: ignore[attr-defined]
+    assert job.stopping_attempt == 0 and job.state is JobState.RECOVERING
     await m.start_pending(job)
     stored = await c.stored(job.id)
     assert stored.state is JobState.STARTING and stored.attempt == 2
@@ -326,9 +358,10 @@ async def test_a_lost_node_while_paused_recovers_without_it() -> None:
     m = c.leader()
     job = await running(c, m)
     await m.control(JobControl(job=job.id, action="pause"))
-    await m.on_progress(Paused(job=job.id, step=3))
+    await rank0(m, Paused(job=job.id, step=3))
     await m.on_event(NodeLost(node="node-1"))
-    assert job.state is JobState.RECOVERING and job.excluded == ["node-1"]
+    assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-1"]
+    await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-0", "node-2"]
     # the operator's pause still holds: the new rank 0 is told to pause again
@@ -340,10 +373,10 @@ async def test_recovering_fails_once_the_restart_budget_is_spent() -> None:
     m = c.leader()
     job = await running(c, m)
     job.spec.policy.max_restarts = 1
-    await m.on_progress(StepDone(job=job.id, step=5, loss=4.0))
+    await rank0(m, StepDone(job=job.id, step=5, loss=4.0))
     await m.on_event(exited(job, 0, 1))  # failed at step 5
     await m.start_pending(job)
-    await m.on_progress(StepDone(job=job.id, step=5, loss=4.0))  # from a checkpoint, not past
+    await rank0(m, StepDone(job=job.id, step=5, loss=4.0))  # from a checkpoint, not past
     await m.on_event(exited(job, 0, 1))
     stored = await c.stored(job.id)
     assert stored.state is JobState.FAILED and "restart budget of 1 spent" in stored.reason
@@ -356,7 +389,7 @@ async def test_faults_the_job_trained_past_do_not_spend_the_budget() -> None:
     job = await running(c, m)
     job.spec.policy.max_restarts = 1
     for fault in range(3):
-        await m.on_progress(StepDone(job=job.id, step=10 * (fault + 1), loss=4.0))
+        await rank0(m, StepDone(job=job.id, step=10 * (fault + 1), loss=4.0))
         await m.on_event(exited(job, 0, 1))
         await m.start_pending(job)
         assert job.state is JobState.STARTING and job.restarts == fault + 1
@@ -372,7 +405,7 @@ async def test_two_devices_in_a_spike_pause_once_and_resume_after_the_last() -> 
     await m.on_event(spike("node-1", "nvme0n1"))
     await m.on_event(spike("node-1", "nvme1n1"))
     assert len(c.agents.commands(Pause)) == 1 and len(job.pause_reasons) == 2
-    await m.on_progress(Paused(job=job.id, step=4))
+    await rank0(m, Paused(job=job.id, step=4))
     await m.on_event(spike("node-1", "nvme0n1", active=False))
     assert c.agents.commands(Resume) == []
     await m.on_event(spike("node-1", "nvme1n1", active=False))
@@ -384,7 +417,7 @@ async def test_an_operator_pause_during_a_spike_resumes_only_when_both_close() -
     m = c.leader()
     job = await running(c, m)
     await m.on_event(spike("node-0", "nvme0n1"))
-    await m.on_progress(Paused(job=job.id, step=4))
+    await rank0(m, Paused(job=job.id, step=4))
     assert (await m.control(JobControl(job=job.id, action="pause"))).ok
     assert len(c.agents.commands(Pause)) == 1  # already paused: nothing more to send
     await m.on_event(spike("node-0", "nvme0n1", active=False))
@@ -452,7 +485,7 @@ async def test_a_stale_epoch_is_refused_by_the_agents() -> None:
 
 async def test_a_deposed_leaders_pause_is_never_sent() -> None:
     c, old, new, job = await handover()
-    await new.on_progress(StepDone(job=job.id, step=2, loss=4.5))
+    await rank0(new, StepDone(job=job.id, step=2, loss=4.5))
     await new.flush()
     with pytest.raises(Conflict):
         await old.on_event(spike("node-1", "nvme0n1"))
@@ -464,7 +497,7 @@ async def test_a_leader_change_mid_transition_leaves_the_successor_state() -> No
     """The deposed leader decides a restart from its stale copy: its save loses the
     compare-and-set, nothing is sent, and its copy becomes the successor's record."""
     c, old, new, job = await handover()
-    await new.on_progress(StepDone(job=job.id, step=2, loss=4.5))
+    await rank0(new, StepDone(job=job.id, step=2, loss=4.5))
     await new.flush()
     stops_before = len(c.agents.commands(Stop))
     with pytest.raises(Conflict):
@@ -485,7 +518,8 @@ async def test_a_dead_machine_costs_one_restart() -> None:
     job = await running(c, m)
     c.registry.nodes["node-1"].last_seen = time.monotonic() - 2.0  # two beats missed
     await m.on_event(exited(job, 0, 1, node="node-0"))
-    assert job.state is JobState.RECOVERING and job.excluded == ["node-1"]
+    assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-1"]
+    await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-0", "node-2"] and job.state is JobState.STARTING
     await m.on_event(NodeLost(node="node-1"))

@@ -22,6 +22,7 @@ from coordinator.fake_agents import FakeAgents
 from coordinator.jobs import JobManager
 from coordinator.leader import Leadership
 from coordinator.registry import Registry
+from proto import subjects
 from proto.api import ApiReply, JobControl, SubmitJob
 from proto.codec import (
     api_reply_decoder,
@@ -41,6 +42,7 @@ from proto.events import Event, EventBase, NodeRegistered, kind_of
 from proto.job import JobRecord, JobSection, JobSpec, JobState
 from proto.node import GpuSample, Heartbeat, Telemetry
 from proto.progress import Checkpointed, Finished, Progress, StepDone
+from ringmaster.bus import event_subject
 
 SPEC = JobSpec(job=JobSection(name="fuzz", nodes=2))
 CONDITION = Condition(kind=ConditionKind.NVME_LATENCY, node="zz-node", subject="nvme0n1", since=1.0)
@@ -237,11 +239,13 @@ def _unknown_names(doc: Any) -> Any:
 def test_leader_on_event(data: bytes) -> None:
     world = World()
     event = decoded(decode_event, data)
+    subject = "ringmaster.fuzz.node.zz-node.x"
     if event is not None:
         # Only messages about somebody else: re-encode with every name made unknown.
         data = encode(_unknown_names(builtins(event)))
+        subject = event_subject("fuzz", decode_event(data))
     before = world.snapshot()
-    asyncio.run(world.leader._on_event(data))
+    asyncio.run(world.leader._on_event(subject, data))
     jobs, store, nodes, commands, _ = world.snapshot()
     assert (jobs, store) == before[:2], "an event about nobody changed a job"
     assert nodes == before[2] and commands == before[3]
@@ -255,10 +259,11 @@ def test_leader_on_progress(data: bytes, ours: bool) -> None:
     world = World()
     msg = decoded(progress_decoder.decode, data)
     if msg is not None and ours:
-        msg.job = world.job.id
+        msg.job, msg.attempt = world.job.id, world.job.attempt  # as rank 0's node relays it
         data = encode(msg)
     before = world.snapshot()
-    asyncio.run(world.leader._on_progress(data))
+    subject = subjects.progress("fuzz", world.job.id, world.job.nodes[0])
+    asyncio.run(world.leader._on_progress(subject, data))
     asyncio.run(world.jobs.flush())
     if msg is None or not ours:
         assert world.snapshot()[:3] == before[:3], "progress about nobody changed a job"
@@ -326,5 +331,6 @@ def test_leader_answers_control(data: bytes) -> None:
 def test_registered_event_is_ignored_for_unknown_node() -> None:
     world = World()
     before = world.snapshot()
-    asyncio.run(world.leader._on_event(encode(NodeRegistered(node="zz"))))
+    registered = NodeRegistered(node="zz")
+    asyncio.run(world.leader._on_event(event_subject("fuzz", registered), encode(registered)))
     assert world.snapshot()[:4] == before[:4]

@@ -1,0 +1,50 @@
+"""Nodes left out of a job after a fault, and how they come back. Pure: callers pass the
+time and what the registry knows.
+
+A node is left out for ``policy.exclude_s``, twice as long each time it faults again
+within one such period of coming back (backoff), and is eligible again sooner once its
+agent starts anew and reports healthy (a repaired machine, a restarted daemon whose
+preflight passed): the evidence that left it out came from the process that is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from coordinator.registry import NodeInfo
+from proto.job import Exclusion, JobRecord
+
+MAX_DOUBLINGS = 5  # at most 32 × exclude_s
+
+
+def leave_out(job: JobRecord, node: str, reason: str, now: float, agent_started_at: float) -> None:
+    base = job.spec.policy.exclude_s
+    prev = job.excluded.get(node)
+    count = 1
+    if prev is not None and now - prev.until < base * 2 ** min(prev.count, MAX_DOUBLINGS):
+        count = prev.count + 1  # it faults again soon after it came back
+    span = base * 2 ** min(count - 1, MAX_DOUBLINGS)
+    job.excluded[node] = Exclusion(
+        reason=reason, since=now, until=now + span, count=count, agent_started_at=agent_started_at
+    )
+
+
+def left_out(job: JobRecord, nodes: Mapping[str, NodeInfo], now: float) -> dict[str, str]:
+    """The nodes still left out of ``job`` now, each with why and until when."""
+    out = {}
+    for node_id, ex in job.excluded.items():
+        node = nodes.get(node_id)
+        restarted = (
+            node is not None
+            and node.agent_started_at > ex.agent_started_at
+            and node.healthy
+            and node.preflight_ok
+        )
+        if now < ex.until and not restarted:
+            out[node_id] = f"left out after a fault in this job ({ex.reason}) until {_at(ex.until)}"
+    return out
+
+
+def _at(wall: float) -> str:
+    return datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S UTC")

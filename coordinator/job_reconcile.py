@@ -1,0 +1,101 @@
+"""The job manager's reconciliation each tick, and who may speak for a job's ranks.
+
+What to do is :mod:`coordinator.reconcile`'s (pure); this feeds its findings back into the
+manager as the events that were missed — published too, so on-call sees the evidence —
+and stops orphans as tasks, at most once per ``ORPHAN_RETRY_S`` each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import structlog
+
+from coordinator.reconcile import Exited, Missing, hosts_rank, job_findings, orphans
+from coordinator.registry import NodeInfo
+from proto.events import Severity, WorkerExited, WorkerHung
+from proto.job import JobRecord
+
+if TYPE_CHECKING:
+    from coordinator.jobs import JobManager
+
+log = structlog.get_logger()
+ORPHAN_RETRY_S = 10.0
+
+
+class Reconciler:
+    def __init__(self, manager: JobManager) -> None:
+        self.m = manager
+        self.since = time.monotonic()  # when this leader took over: beats before it prove nothing
+        self._orphans_stopped: dict[tuple[str, str, int], float] = {}
+
+    def reset(self) -> None:
+        self.since = time.monotonic()
+        self._orphans_stopped.clear()
+
+    @staticmethod
+    def speaks_for(job: JobRecord, event: WorkerExited | WorkerHung) -> bool:
+        """Only the node hosting a rank in the current attempt speaks for it, and an exit
+        counts once (a repeated or a reconciled one is the same fact)."""
+        if not hosts_rank(job, event.node or "", event.rank, event.attempt):
+            return False
+        return not (isinstance(event, WorkerExited) and str(event.rank) in job.exited_ranks)
+
+    async def reconcile(self) -> None:
+        m, now = self.m, time.monotonic()
+        nodes = m.registry.nodes
+        silent = m.registry.silent(list(nodes), now)
+        for job in list(m.jobs.values()):
+            launched = m.launcher.launched_at.get((job.id, job.attempt), self.since)
+
+            def settled(node: NodeInfo, launched: float = launched) -> bool:
+                return node.id not in silent and node.last_seen > launched + node.interval_s
+
+            for found in job_findings(job, nodes, settled):
+                await m.publish(event := _exit_event(job, found))
+                log.warning("reconciled a rank's exit", job=job.id, message=event.message)
+                await m.on_event(event)
+        for orphan in orphans(m.jobs, nodes, lambda n: n.id not in silent):
+            report = orphan.report
+            key = (orphan.node, report.job, report.attempt)
+            if now - self._orphans_stopped.get(key, -1e18) < ORPHAN_RETRY_S:
+                continue
+            self._orphans_stopped[key] = now
+            why = f"orphan: rank {report.rank} of attempt {report.attempt} that nothing expects"
+            log.warning("stopping an orphan rank", node=orphan.node, job=report.job, why=why)
+            m._spawn(
+                report.job,
+                f"orphan:{orphan.node}",
+                m.stopper.kill(report.job, [orphan.node], why, attempt=report.attempt),
+            )
+
+
+def _exit_event(job: JobRecord, found: Exited | Missing) -> WorkerExited:
+    if isinstance(found, Exited):
+        r = found.report
+        how = (
+            f"code {r.exit_code}"
+            if r.exit_code is not None
+            else (f"signal {r.signal}" if r.signal else "an unknown code")
+        )
+        return WorkerExited(
+            node=found.node,
+            job=job.id,
+            rank=r.rank,
+            attempt=r.attempt,
+            pid=r.pid,
+            exit_code=r.exit_code,
+            signal=r.signal,
+            severity=Severity.INFO if r.exit_code == 0 else Severity.CRITICAL,
+            message=f"rank {r.rank} exited with {how} (from {found.node}'s rank report)",
+        )
+    node, rank = found.node, found.rank
+    return WorkerExited(
+        node=node,
+        job=job.id,
+        rank=rank,
+        attempt=job.attempt,
+        severity=Severity.CRITICAL,
+        message=f"rank {rank} is not running on {node}: its agent reports no such rank",
+    )
