@@ -259,15 +259,17 @@ async def test_https_goes_through_the_https_proxy_and_a_refusal_is_retried(
     assert proxy.seen == [("CONNECT", "hooks.invalid:443")] * 2
 
 
-async def test_no_proxy_bypasses_it(
+async def test_no_proxy_bypasses_it_and_nothing_else_does(
     server: Recorder, proxy: Proxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HTTP_PROXY", proxy.url)
     monkeypatch.setenv("http_proxy", proxy.url)
+    assert (await deliver(server.url)).sent == 1
+    assert proxy.seen == [("POST", server.url)]  # loopback is no exception by itself
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     hook = await deliver(server.url)
-    assert hook.sent == 1 and proxy.seen == []
+    assert hook.sent == 1 and len(server.got) == 2 and len(proxy.seen) == 1
 
 
 @pytest.fixture
