@@ -155,13 +155,10 @@ class JobSpec(Config):
 
 
 class JobState(enum.StrEnum):
-    """Job lifecycle.
-
-    pending → starting (admitted, rendezvous built, ranks launching) → running;
-    running ⇄ paused (pause/resume at a step boundary); running → checkpointing → running;
-    running/paused → recovering (a rank or node lost) → starting (re-rendezvous);
-    any live state → completed | failed | stopped (terminal).
-    """
+    """Job lifecycle: pending → starting → running ⇄ paused | checkpointing; live →
+    recovering → starting; → completed | failed | stopped (terminal). Every transition is
+    a row of ``coordinator.job_machine.TABLE``, the only code that changes a job's state
+    (docs/architecture.md lists the rows)."""
 
     PENDING = "pending"
     STARTING = "starting"
