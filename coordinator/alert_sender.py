@@ -59,9 +59,6 @@ RETRIED = (
     httpx.RemoteProtocolError,
     Busy,
 )
-# What makes a message undeliverable for good: RETRIED once tries are spent, or a URL
-# httpx cannot even parse.
-FAILED = (httpx.HTTPError, httpx.InvalidURL, Busy)
 
 
 def client(retry: Retry) -> httpx.AsyncClient:
@@ -122,7 +119,7 @@ class Webhook:
         )
         try:
             code: int = await retrying(self._post, body)
-        except FAILED as exc:
+        except Exception as exc:  # tries spent, or no use: this message fails, the queue goes on
             outcome = str(exc) if isinstance(exc, Busy) else repr(exc)
         else:
             if 200 <= code < 300:

@@ -209,6 +209,16 @@ async def test_a_client_error_is_not_retried(server: Recorder) -> None:
     assert hook.failed == 1 and len(server.got) == 1
 
 
+async def test_a_url_no_client_can_use_fails_its_messages_and_only_them() -> None:
+    url = "http://127.0.0.1:99999/hook"  # parses, but no socket takes that port
+    alerter = Alerter(lambda e: frozenset({url}), FAST, Retry(attempts=3, first_delay_s=0.05))
+    for job in ("j-1", "j-2"):
+        alerter.notify(JobCompleted(job=job, message="done"))
+    hook = alerter.hooks[url]
+    await until(lambda: hook.failed == 2)  # the first did not end the queue's task
+    await alerter.close()
+
+
 async def test_the_rate_limit_is_honoured(server: Recorder) -> None:
     settings = AlertSettings(rate_per_s=10.0, burst=2)
     alerter = Alerter(lambda e: frozenset({server.url}), settings)
