@@ -1,0 +1,109 @@
+"""Reconciliation, exclusions and the stalled-time ledger, pure and without NATS."""
+
+from __future__ import annotations
+
+from test_jobs import spec
+
+from coordinator import exclusion
+from coordinator.goodput import account
+from coordinator.reconcile import Exited, Missing, hosts_rank, job_findings, orphans
+from coordinator.registry import NodeInfo
+from proto.job import JobRecord, JobState
+from proto.node import RankReport
+
+
+def record(state: JobState = JobState.RUNNING, **kw: object) -> JobRecord:
+    base: dict[str, object] = dict(
+        id="j-1", name="j", spec=spec(2), state=state, attempt=2, world_size=2,
+        nodes=["node-0", "node-1"],
+    )  # fmt: skip
+    base.update(kw)
+    return JobRecord(**base)  # type: ignore[arg-type]
+
+
+def node(name: str, *reports: RankReport) -> NodeInfo:
+    return NodeInfo(id=name, ranks=list(reports), agent_started_at=1.0)
+
+
+def rank(r: int, attempt: int = 2, alive: bool = True, **kw: object) -> RankReport:
+    return RankReport(job="j-1", rank=r, attempt=attempt, pid=100 + r, alive=alive, **kw)  # type: ignore[arg-type]
+
+
+def test_only_the_host_of_a_rank_in_the_current_attempt_speaks_for_it() -> None:
+    job = record()
+    assert hosts_rank(job, "node-1", 1, 2)
+    assert not hosts_rank(job, "node-0", 1, 2)  # another node
+    assert not hosts_rank(job, "node-1", 1, 1)  # an earlier attempt
+    assert not hosts_rank(job, "node-1", 1, 0)  # unknown attempt
+    assert not hosts_rank(job, "node-2", 2, 2)  # no such rank
+
+
+def test_exits_and_missing_ranks_are_found_on_settled_nodes_only() -> None:
+    job = record()
+    nodes = {
+        "node-0": node("node-0", rank(0)),
+        "node-1": node("node-1", rank(1, alive=False, exit_code=1)),
+    }
+    found = job_findings(job, nodes, lambda n: True)
+    assert found == [Exited("node-1", nodes["node-1"].ranks[0])]
+    nodes["node-1"] = node("node-1", rank(1, attempt=1))  # still the old attempt's rank
+    assert job_findings(job, nodes, lambda n: True) == [Missing("node-1", 1)]
+    assert job_findings(job, nodes, lambda n: n.id == "node-0") == []  # not settled yet
+    job.exited_ranks = {"1": 1}  # already known: not found twice
+    assert job_findings(job, nodes, lambda n: True) == []
+    job.exited_ranks, job.stopping_attempt = {}, 2  # being stopped: nothing to find
+    assert job_findings(job, nodes, lambda n: True) == []
+
+
+def test_orphans_are_live_ranks_nothing_expects() -> None:
+    job = record()
+    nodes = {
+        "node-0": node("node-0", rank(0), rank(1, attempt=1)),  # an old attempt's rank
+        "node-2": node("node-2", rank(1)),  # the current attempt's rank 1, on another node
+        "node-1": node("node-1", rank(1), rank(0, attempt=3)),  # newer than the record
+    }
+    found = {
+        (o.node, o.report.rank, o.report.attempt)
+        for o in orphans({"j-1": job}, nodes, lambda n: True)
+    }
+    assert found == {("node-0", 1, 1), ("node-2", 1, 2)}
+    job.stopping_attempt = 1  # that old attempt's stop is under way: leave it to the stop
+    found = {(o.node, o.report.attempt) for o in orphans({"j-1": job}, nodes, lambda n: True)}
+    assert found == {("node-2", 2)}
+    job.state = JobState.STOPPED  # an ended job: every live rank is an orphan
+    assert len(orphans({"j-1": job}, nodes, lambda n: n.id != "node-1")) == 3
+    assert len(orphans({}, nodes, lambda n: True)) == 5  # a job nobody knows
+
+
+def test_a_left_out_node_comes_back_after_its_time_or_a_healthy_restart() -> None:
+    job = record()
+    job.spec.policy.exclude_s = 100.0
+    nodes = {"node-1": node("node-1")}
+    exclusion.leave_out(job, "node-1", "node node-1 lost", now=1000.0, agent_started_at=1.0)
+    assert "node node-1 lost" in exclusion.left_out(job, nodes, 1050.0)["node-1"]
+    assert exclusion.left_out(job, nodes, 1101.0) == {}  # its time is up
+    nodes["node-1"].agent_started_at = 2.0  # a new agent start, healthy: back at once
+    assert exclusion.left_out(job, nodes, 1050.0) == {}
+    nodes["node-1"].conditions = {}
+    nodes["node-1"].state = nodes["node-1"].state.DEGRADED
+    assert "node-1" in exclusion.left_out(job, nodes, 1050.0)  # restarted, but not healthy
+
+
+def test_a_node_that_faults_again_soon_is_left_out_longer_each_time() -> None:
+    job = record()
+    job.spec.policy.exclude_s = 100.0
+    exclusion.leave_out(job, "node-1", "x", now=0.0, agent_started_at=0.0)
+    assert job.excluded["node-1"].until == 100.0
+    exclusion.leave_out(job, "node-1", "x", now=150.0, agent_started_at=0.0)  # soon after
+    assert job.excluded["node-1"].count == 2 and job.excluded["node-1"].until == 350.0
+    exclusion.leave_out(job, "node-1", "x", now=10_000.0, agent_started_at=0.0)  # long after
+    assert job.excluded["node-1"].count == 1
+
+
+def test_time_without_a_step_past_the_hang_threshold_is_recovery() -> None:
+    job = record(world_size=2)
+    job.step_s, job.last_step_at = 0.1, 100.0  # threshold: max(3 × 0.1, 3 s floor) = 3 s
+    account(job, 100.0)
+    account(job, 110.0)
+    assert job.goodput["productive"] == 2 * 3.0  # up to the threshold
+    assert job.goodput["recovery"] == 2 * 7.0  # the rest: nothing trained
