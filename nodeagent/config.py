@@ -1,7 +1,8 @@
 """Agent settings: a TOML file (unknown keys are errors) overridden by command-line flags.
 
 The defaults below are the only ones: detectors take their section whole (a threshold has
-one name, here) and have no defaults of their own.
+one name, here) and have no defaults of their own. A job's ``[policy]`` does not repeat
+them: the coordinator acts on the conditions they open and on the severity given.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ Count = Annotated[int, msgspec.Meta(ge=1)]
 
 class NvmeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interval_s: Annotated[float, msgspec.Meta(gt=0)] = 0.5
+    # µs: a window's mean latency above spike_us opens nvme.latency (a job on the node
+    # pauses); under recover_us for hold_s seconds closes it (the job resumes)
     spike_us: Annotated[float, msgspec.Meta(gt=0)] = 100.0
     recover_us: Annotated[float, msgspec.Meta(gt=0)] = 50.0
     hold_s: Annotated[float, msgspec.Meta(ge=0)] = 3.0
@@ -43,6 +46,8 @@ class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interval_s: Positive = 1.0
     topology_interval_s: Positive = 30.0
     nvml_library: str | None = None  # a libnvidia-ml.so.1 by path; unset: the loader's search
+    # °C: gpu.thermal opens as a warning at warn_c and turns critical at critical_c (a
+    # job on the node checkpoints and leaves it)
     warn_c: Positive = 85.0
     critical_c: Positive = 92.0
     hysteresis_c: NonNegative = 5.0
@@ -63,6 +68,8 @@ class GpuSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class ClockSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interval_s: Positive = 5.0  # clocks drift over minutes; peer and chrony are slower still
+    # ms: an offset beyond max_offset_ms opens clock.drift (the coordinator resyncs the
+    # node); back within recover_ms for hold_s seconds closes it
     max_offset_ms: Positive = 5.0
     recover_ms: Positive = 2.0
     confirm: Count = 2

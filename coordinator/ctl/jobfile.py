@@ -86,6 +86,17 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
 
+# Keys earlier job files may still set, and where each setting lives now (docs/jobfile.md):
+# what opens a condition on a node is the agent's to judge, in its config.
+REMOVED = {
+    "policy.nvme_pause_us": "a latency spike is the node agent's nvme.spike_us (agent config)",
+    "policy.nvme_resume_us": "recovery is the node agent's nvme.recover_us (agent config)",
+    "policy.nvme_hold_s": "the hold is the node agent's nvme.hold_s (agent config)",
+    "policy.gpu_warn_c": "the warning level is the node agent's gpu.warn_c (agent config)",
+    "policy.gpu_critical_c": "critical is the node agent's gpu.critical_c (agent config)",
+    "policy.heartbeat_missed": "the coordinator counts missed heartbeats, for every job alike",
+}
+
 
 def to_spec(raw: dict[str, Any], source: str) -> JobSpec:
     try:
@@ -121,7 +132,8 @@ def describe(error: str, raw: dict[str, Any]) -> str:
     unknown = re.match(r"Object contains unknown field `([^`]+)`", msg)
     if unknown:
         full = f"{key}.{unknown.group(1)}" if key else unknown.group(1)
-        return f"unknown key {full!r}"
+        moved = f": removed; {REMOVED[full]}" if full in REMOVED else ""
+        return f"unknown key {full!r}{moved}"
     missing = re.match(r"Object missing required field `([^`]+)`", msg)
     if missing:
         full = f"{key}.{missing.group(1)}" if key else missing.group(1)

@@ -62,7 +62,7 @@ BASE: dict[str, Any] = {
         "zero_stage": 1,
     },
     "checkpoint": {"every_steps": 5, "dir": "ckpt", "keep": 2, "staging_dir": "/tmp/x"},
-    "policy": {"nvme_pause_us": 100.0, "nvme_hold_s": 3.0, "max_restarts": 1},
+    "policy": {"hang_floor_s": 3.0, "wait_for_nodes_s": 60.0, "max_restarts": 1},
 }
 KEYS = [f"{s}.{k}" for s, table in BASE.items() for k in table] + ["job", "x.y", "job.env.X"]
 
@@ -251,7 +251,7 @@ def test_ctl_start_subprocess(content: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    "tail", ["[train]\nlr = inf\n", "[policy]\nnvme_hold_s = inf\n", "[job.env]\nX = 1\n"]
+    "tail", ["[train]\nlr = inf\n", "[policy]\nhang_floor_s = inf\n", "[job.env]\nX = 1\n"]
 )
 def test_values_the_wire_cannot_carry_are_refused(tail: str) -> None:
     with workspace() as base:
