@@ -38,12 +38,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeVar
 
-from ringmaster.procs import wait_until
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "examples" / "tiny.toml"
+from bench.cluster_harness import (
+    TINY,
+    Ctl,
+    newest_step,
+    read_records,
+    recovered,
+    wait_for,
+)
+
 FAULTS = ("rank killed", "node lost", "master node lost", "rank stopped", "spot notice 20 s")
 INJECT = {  # fault → (which of the job's nodes, the inject form)
     "rank killed": (1, "kill-worker"),
@@ -52,9 +58,6 @@ INJECT = {  # fault → (which of the job's nodes, the inject form)
     "rank stopped": (1, "hang"),
     "spot notice 20 s": (0, "spot-notice=20"),
 }
-T = TypeVar("T")
-LINE = re.compile(r"trainer t=\S+ wall=(\S+) rank=(\d+) event=(\w+)(.*)")
-FIELD = re.compile(r"(\w+)=(\S+)")
 GAP_S = 15.0  # seconds of training between one fault's recovery and the next fault
 
 
@@ -64,52 +67,6 @@ class Result:
     seconds: float | None  # None: no step within the cap
     redone: int | None
     note: str = ""
-
-
-@dataclass
-class Record:
-    wall: float
-    rank: int
-    event: str
-    fields: dict[str, str]
-
-
-def read_records(paths: list[Path]) -> list[Record]:
-    out = []
-    for path in paths:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if m := LINE.search(line):
-                out.append(Record(float(m[1]), int(m[2]), m[3], dict(FIELD.findall(m[4]))))
-    return sorted(out, key=lambda r: r.wall)
-
-
-def recovered(records: list[Record], fault_at: float) -> tuple[float, float, int] | None:
-    """(wall time of the first step of an attempt started after ``fault_at``, the wall time
-    that attempt started, the step it resumed from)."""
-    start = next((r for r in records if r.event == "start" and r.wall > fault_at), None)
-    if start is None:
-        return None
-    step = next((r for r in records if r.event == "step" and r.wall > start.wall), None)
-    if step is None:
-        return None
-    return step.wall, start.wall, int(start.fields.get("step", "0"))
-
-
-def newest_step(records: list[Record], before: float) -> int:
-    steps = [int(r.fields["step"]) for r in records if r.event == "step" and r.wall <= before]
-    return max(steps, default=0)
-
-
-def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float) -> T | None:
-    """``wait_until``'s result, or None when ``timeout`` passes first."""
-    try:
-        return wait_until(predicate, timeout, interval)
-    except TimeoutError:
-        return None
 
 
 def measure(logs: Callable[[], list[Path]], fault_at: float, cap: float, note: str = "") -> Result:
@@ -124,37 +81,6 @@ def measure(logs: Callable[[], list[Path]], fault_at: float, cap: float, note: s
 
 
 # -- Ringmaster ------------------------------------------------------------------------
-
-
-class Ctl:
-    def __init__(self, home: Path, cwd: Path) -> None:
-        self.home, self.cwd = home, cwd
-        self.env = {**os.environ, "RINGMASTER_HOME": str(home)}
-
-    def __call__(self, *args: str, check: bool = True) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "coordinator.ctl.main", *args],
-            capture_output=True,
-            text=True,
-            env=self.env,
-            cwd=self.cwd,
-            timeout=600,
-            check=False,
-        )
-        if check and done.returncode != 0:
-            raise RuntimeError(f"coordinatorctl {' '.join(args)}: {done.stderr.strip()}")
-        return done.stdout
-
-    def status(self, job: str) -> dict:  # type: ignore[type-arg]
-        for _ in range(20):
-            try:
-                return json.loads(self("status", job, "--json"))  # type: ignore[no-any-return]
-            except RuntimeError:
-                time.sleep(0.5)
-        raise RuntimeError("status keeps failing")
-
-    def logs(self, job: str) -> list[Path]:
-        return sorted(self.home.glob(f"nodes/*/agent/jobs/{job}/rank-*.log"))
 
 
 def _trained(ctl: Ctl, job: str, step: int, timeout: float) -> dict | None:  # type: ignore[type-arg]
