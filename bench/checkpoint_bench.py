@@ -25,7 +25,6 @@ of it.
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import statistics
 import tempfile
@@ -42,6 +41,7 @@ from torch import nn
 from trainer import durable
 from trainer.checkpoint import Checkpointer, Coordination, HostBuffers, default_staging_dir
 from trainer.dcp_async import DcpState
+from trainer.log import read
 
 WIDTH = 1024  # one layer: a WIDTH x WIDTH fp32 weight and its two moments, 12 MiB
 
@@ -142,7 +142,7 @@ def ddp_ranks(root: Path, preset: str, rounds: int) -> None:
             run_job(workdir, job, env)
             for rank in range(WORLD):
                 log = (workdir / f"rank-{rank}.log").read_text()
-                staged = re.findall(r" event=checkpoint_staged .*?stall_s=(\S+)", log)
+                staged = [r["stall_s"] for r in read(log) if r["event"] == "checkpoint_staged"]
                 stalls[label] += [float(x) for x in staged[1:]]  # the first one allocates
     share, whole = (statistics.median(stalls[k]) for k in ("share", "all"))
     print(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ringmaster.logfmt import lines
 from ringmaster.procs import read_pid
 from trainer.presets import get_preset, param_count
 
@@ -144,8 +144,7 @@ def read_rank_log(text: str, warmup: int) -> dict[str, Any]:
     steps: list[dict[str, str]] = []
     out: dict[str, Any] = {"compile_s": [], "float8": [], "processes": 0}
     since_start = 0
-    for line in text.splitlines():
-        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+    for fields in lines(text):
         event = fields.get("event")
         if event == "start":
             out["processes"] += 1
@@ -277,8 +276,7 @@ def restart_figures(text: str, killed_at: float | None) -> dict[str, Any]:
         return {"error": "the rank was never killed (no durable checkpoint at kill_at)"}
     out: dict[str, Any] = {}
     before = 0
-    for line in text.splitlines():
-        fields = dict(re.findall(r"(\w+)=(\S+)", line))
+    for fields in lines(text):
         if "wall" not in fields:
             continue
         wall, event = float(fields["wall"]), fields.get("event", "")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -37,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from ringmaster.procs import wait_until  # noqa: E402
 from ringmaster.rundir import JobDir, live_ranks  # noqa: E402
+from trainer.log import read  # noqa: E402
 
 JOB = REPO / "examples" / "tiny.toml"
 CTL = [sys.executable, "-m", "coordinator.ctl.main"]
@@ -49,7 +49,6 @@ PHASES = [
     ("loaded", "checkpoint loaded"),
     ("step", "first step"),
 ]
-LINE = re.compile(r"^trainer t=\S+ wall=(\S+) rank=\d+ event=(\w+)")
 
 
 def ctl(home: Path, *args: str, env: dict[str, str] | None = None) -> str:
@@ -65,11 +64,7 @@ def ctl(home: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 def events(log: Path) -> list[tuple[float, str]]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        if match := LINE.match(line):
-            out.append((float(match[1]), match[2]))
-    return out
+    return [(float(r["wall"]), r["event"]) for r in read(log.read_text(errors="replace"))]
 
 
 def attempt_after(log: Path, since: float) -> dict[str, float] | None:

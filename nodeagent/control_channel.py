@@ -17,7 +17,7 @@ import msgspec
 import structlog
 
 from proto.codec import encode, progress_decoder
-from proto.progress import ControlWord, Progress
+from proto.progress import ControlAction, ControlWord, Progress
 
 log = structlog.get_logger()
 ProgressHandler = Callable[[Progress], Awaitable[None]]
@@ -39,8 +39,10 @@ class ControlChannel:
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
 
     async def send(self, action: str) -> int:
-        self._seq += 1
-        word = ControlWord(action=action, seq=self._seq)  # type: ignore[arg-type]
+        """Queue one word; ``action`` is a :class:`ControlAction` or its value (a command's
+        tag), anything else a ``ValueError``."""
+        word = ControlWord(action=ControlAction(action), seq=self._seq + 1)
+        self._seq = word.seq
         self._pending.append(word)
         await self._flush()
         return word.seq

@@ -42,9 +42,9 @@ from proto.job import shm_staging_name
 from proto.node import RankReport
 from proto.progress import Progress
 from proto.warm import WarmLaunch
+from ringmaster import rank_env
 from ringmaster.rundir import (
     JOB_ENV,
-    SIM_KNOBS_ENV,
     JobDir,
     compile_cache,
     sim_knobs,
@@ -184,21 +184,21 @@ class Supervisor:
         argv = _argv(cmd.argv)
         for spec in cmd.ranks:
             env = {
-                "RINGMASTER_COMPILE_CACHE": str(compile_cache(self.run_dir)),
+                rank_env.COMPILE_CACHE: str(compile_cache(self.run_dir)),
                 **os.environ,
                 **cmd.env,
                 "RANK": str(spec.rank),
                 "LOCAL_RANK": str(spec.local_rank),
-                JOB_ENV: cmd.job,
-                "RINGMASTER_JOB_SPEC": str(jobdir.spec),
-                "RINGMASTER_WORKDIR": str(workdir),
-                "RINGMASTER_CONTROL_SOCKET": str(channel.path),
-                "RINGMASTER_ATTEMPT": str(cmd.attempt),
-                "RINGMASTER_NODE": self.node,
-                "RINGMASTER_SIMULATED": "1" if self.simulated else "0",
+                rank_env.JOB_ID: cmd.job,
+                rank_env.JOB_SPEC: str(jobdir.spec),
+                rank_env.WORKDIR: str(workdir),
+                rank_env.CONTROL_SOCKET: str(channel.path),
+                rank_env.ATTEMPT: str(cmd.attempt),
+                rank_env.NODE: self.node,
+                rank_env.SIMULATED: "1" if self.simulated else "0",
             }
             if self.simulated:
-                env[SIM_KNOBS_ENV] = str(sim_knobs(self.run_dir))
+                env[rank_env.SIM_KNOBS] = str(sim_knobs(self.run_dir))
             logpath = jobdir.rank_log(spec.rank)
             proc = None
             if not cmd.argv:  # the built-in trainer; user entry scripts start cold
@@ -222,7 +222,7 @@ class Supervisor:
         """The job's pre-start hook, with the job's environment; its output goes to
         ``pre-start.log``. A failure or a timeout fails this launch."""
         assert cmd.pre_start is not None
-        env = {**os.environ, **cmd.env, JOB_ENV: cmd.job, "RINGMASTER_NODE": self.node}
+        env = {**os.environ, **cmd.env, JOB_ENV: cmd.job, rank_env.NODE: self.node}
         logpath = jobdir.pre_start_log
         with logpath.open("ab") as logf:
             proc = await asyncio.create_subprocess_exec(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from proto.job import JobSpec
+from proto.progress import ControlAction
 
 
 class CommandBase(msgspec.Struct, tag_field="command", kw_only=True):
@@ -36,19 +37,19 @@ class Launch(CommandBase, tag="launch"):
     pre_start: str | None = None
 
 
-class Pause(CommandBase, tag="pause"):
+class Pause(CommandBase, tag=ControlAction.PAUSE.value):
     reason: str = ""
 
 
-class Resume(CommandBase, tag="resume"):
+class Resume(CommandBase, tag=ControlAction.RESUME.value):
     reason: str = ""
 
 
-class CheckpointNow(CommandBase, tag="checkpoint"):
+class CheckpointNow(CommandBase, tag=ControlAction.CHECKPOINT.value):
     reason: str = ""
 
 
-class Stop(CommandBase, tag="stop"):
+class Stop(CommandBase, tag=ControlAction.STOP.value):
     """Stop the job's ranks at the next step boundary (graceful), or kill them now."""
 
     reason: str = ""

@@ -3,6 +3,7 @@ Unix socket), relayed to the coordinator as they arrive."""
 
 from __future__ import annotations
 
+import enum
 import statistics
 from collections.abc import Mapping
 from typing import Literal
@@ -98,8 +99,19 @@ def slow_nodes(node_gbps: Mapping[str, float], ratio: float) -> dict[str, float]
     return slow
 
 
+class ControlAction(enum.StrEnum):
+    """What a control word asks: the one spelling of the four actions. The agent's commands
+    are tagged with them (``proto.commands``), the agent sends them and the trainer codes
+    them for its step all-reduce (``trainer.control.Action``)."""
+
+    PAUSE = "pause"
+    RESUME = "resume"
+    CHECKPOINT = "checkpoint"
+    STOP = "stop"
+
+
 class ControlWord(msgspec.Struct, kw_only=True):
     """Agent → rank 0: what to do at the next step boundary."""
 
-    action: Literal["pause", "resume", "checkpoint", "stop"]
+    action: ControlAction
     seq: int = 0

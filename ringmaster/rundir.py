@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from ringmaster import rank_env
 from ringmaster.procs import pid_alive, start_time
 
-JOB_ENV = "RINGMASTER_JOB_ID"  # every rank's environment holds it
+JOB_ENV = rank_env.JOB_ID  # every rank's environment holds it
 _RANK_PID = re.compile(r"rank-(\d+)\.pid")
 # AF_UNIX paths are limited to 108 bytes on Linux, with the terminating NUL; keep a margin.
 _SOCKET_PATH_MAX = 100
@@ -57,7 +58,7 @@ def epoch_file(run_dir: Path) -> Path:
     return run_dir / "epoch"
 
 
-SIM_KNOBS_ENV = "RINGMASTER_SIM_KNOBS"  # set on ranks of simulated nodes only
+SIM_KNOBS_ENV = rank_env.SIM_KNOBS  # set on ranks of simulated nodes only
 
 
 def sim_knobs(run_dir: Path) -> Path:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from msgspec.structs import replace
 
-from ringmaster import rankbeat
+from ringmaster import rank_env, rankbeat
 from ringmaster.rankbeat import DONE, STARTUP, TRAINING, Phase, RankBeat
 from ringmaster.rundir import beat_beside
 
@@ -61,7 +61,7 @@ class Beat:
     @classmethod
     def from_env(cls, env: Mapping[str, str], rank: int) -> Beat:
         """The beat beside the job spec the agent wrote (``$RINGMASTER_JOB_SPEC``)."""
-        spec = env.get("RINGMASTER_JOB_SPEC")
+        spec = env.get(rank_env.JOB_SPEC)
         return cls(beat_beside(Path(spec), rank) if spec else None)
 
     @property

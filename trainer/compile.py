@@ -36,7 +36,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-CACHE_ENV = "RINGMASTER_COMPILE_CACHE"
+from ringmaster import rank_env
+
+CACHE_ENV = rank_env.COMPILE_CACHE
 # Test hook: a cheaper backend than Inductor (``aot_eager``) for CPU tests of the wiring.
 BACKEND_ENV = "RINGMASTER_TEST_COMPILE_BACKEND"
 

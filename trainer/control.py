@@ -32,17 +32,25 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from proto.progress import ControlWord
+from proto.progress import ControlAction, ControlWord
 from trainer.agent_link import AgentLink
 
 PAUSE_POLL_S = 0.2
 
 
+def _code(action: ControlAction) -> int:
+    return list(ControlAction).index(action) + 1
+
+
 class Action(enum.IntEnum):
+    """A decision's action as it rides in the step's float64 all-reduce: 0 for none, else
+    its place in ``proto.progress.ControlAction`` (a checkpoint rides beside it, as it goes
+    with any of them). Names and codes come from there."""
+
     NONE = 0
-    PAUSE = 1
-    RESUME = 2
-    STOP = 3
+    PAUSE = _code(ControlAction.PAUSE)
+    RESUME = _code(ControlAction.RESUME)
+    STOP = _code(ControlAction.STOP)
 
 
 @dataclass(frozen=True)
@@ -65,9 +73,6 @@ class StepTotals(NamedTuple):
     compute_s: list[float]  # each rank's compute seconds, by rank
 
 
-_ACTIONS = {"pause": Action.PAUSE, "resume": Action.RESUME, "stop": Action.STOP}
-
-
 def fold(words: Sequence[ControlWord]) -> Decision:
     """One decision from the words pending at a boundary, oldest first.
 
@@ -75,10 +80,11 @@ def fold(words: Sequence[ControlWord]) -> Decision:
     request is kept alongside whichever of them wins rather than being overwritten.
     """
     action = Action.NONE
-    for word in words:
-        if word.action in _ACTIONS and action != Action.STOP:
-            action = _ACTIONS[word.action]
-    checkpoint = any(w.action == "checkpoint" for w in words)
+    asked = [ControlAction(w.action) for w in words]  # decoded words are; built ones may not be
+    for word in asked:
+        if word is not ControlAction.CHECKPOINT and action != Action.STOP:
+            action = Action[word.name]
+    checkpoint = ControlAction.CHECKPOINT in asked
     return Decision(action, checkpoint, words[-1].seq if words else 0)
 
 

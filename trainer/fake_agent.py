@@ -13,14 +13,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import msgspec
 
 from proto.codec import progress_decoder
-from proto.progress import ControlWord, Progress, ProgressBase
+from proto.progress import ControlAction, ControlWord, Progress, ProgressBase
 
-Action = Literal["pause", "resume", "checkpoint", "stop"]
 P = TypeVar("P", bound=ProgressBase)
 
 
@@ -62,7 +61,7 @@ class FakeAgent:
                     self.messages.append(message)
                     self._cond.notify_all()
 
-    def send(self, action: Action) -> None:
+    def send(self, action: ControlAction) -> None:
         """Send a control word to the connected rank 0 (waits up to 30 s for it to connect)."""
         with self._cond:
             if not self._cond.wait_for(lambda: self._conn is not None, 30):
@@ -70,7 +69,8 @@ class FakeAgent:
             self._seq += 1
             assert self._conn is not None
             self._conn.sendall(
-                msgspec.json.encode(ControlWord(action=action, seq=self._seq)) + b"\n"
+                msgspec.json.encode(ControlWord(action=ControlAction(action), seq=self._seq))
+                + b"\n"
             )
 
     def wait_for(

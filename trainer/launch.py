@@ -8,6 +8,10 @@ torchrun (for a benchmark, say) or under a node agent, which adds:
 * ``RINGMASTER_JOB_ID`` (default ``local``) and ``RINGMASTER_WORKDIR`` (default the current
   directory; relative paths in the spec resolve against it).
 * ``RINGMASTER_CONTROL_SOCKET``: the agent's Unix socket; rank 0 alone connects to it.
+* ``RINGMASTER_ATTEMPT``: the job attempt the rank was launched for (default 0: none),
+  stamped on every line it logs (:mod:`trainer.log`).
+
+The names are :mod:`ringmaster.rank_env`'s, which the agent sets from too.
 
 Beside the job spec the agent wrote, the rank leaves its beat and, as it exits, its exit
 record (:func:`exit_record`): how an agent that did not start it learns its exit status.
@@ -27,6 +31,7 @@ from pathlib import Path
 import msgspec
 
 from proto.job import JobSpec
+from ringmaster import rank_env
 from ringmaster.rundir import exit_beside
 
 
@@ -46,6 +51,7 @@ class Launch:
     master_addr: str
     master_port: int
     control_socket: Path | None
+    attempt: int
 
     def resolve(self, path: str) -> Path:
         """``path`` from the spec, relative to the job's working directory."""
@@ -67,7 +73,7 @@ def load_spec(env: Mapping[str, str], argv: Sequence[str]) -> JobSpec:
     parser = argparse.ArgumentParser(prog="python -m trainer.worker")
     parser.add_argument("--config", help="job TOML file, used when RINGMASTER_JOB_SPEC is unset")
     args = parser.parse_args(argv)
-    if spec_path := env.get("RINGMASTER_JOB_SPEC"):
+    if spec_path := env.get(rank_env.JOB_SPEC):
         path, decode = Path(spec_path), msgspec.json.decode
     elif args.config:
         path, decode = Path(args.config), msgspec.toml.decode
@@ -91,11 +97,11 @@ def read_launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
     # Without MASTER_PORT only a single process makes sense; it picks a free port itself.
     if world_size > 1 and "MASTER_PORT" not in env:
         raise SpecError(f"WORLD_SIZE={world_size} needs MASTER_ADDR and MASTER_PORT")
-    socket = env.get("RINGMASTER_CONTROL_SOCKET")
+    socket = env.get(rank_env.CONTROL_SOCKET)
     return Launch(
         spec=spec,
-        job_id=env.get("RINGMASTER_JOB_ID", "local"),
-        workdir=Path(env.get("RINGMASTER_WORKDIR") or Path.cwd()),
+        job_id=env.get(rank_env.JOB_ID, "local"),
+        workdir=Path(env.get(rank_env.WORKDIR) or Path.cwd()),
         rank=rank,
         local_rank=_int_env(env, "LOCAL_RANK", 0),
         world_size=world_size,
@@ -103,6 +109,7 @@ def read_launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=_int_env(env, "MASTER_PORT", 0),
         control_socket=Path(socket) if socket else None,
+        attempt=_int_env(env, rank_env.ATTEMPT, 0),
     )
 
 
@@ -110,7 +117,7 @@ def exit_record(env: Mapping[str, str]) -> Path | None:
     """Where this rank leaves its exit status for its node agent (beside the job spec the
     agent wrote, ``ringmaster.rundir.exit_beside``); None without an agent's spec or with
     a ``RANK`` that is not a rank number (nobody would look for it)."""
-    spec, rank = env.get("RINGMASTER_JOB_SPEC"), env.get("RANK", "0")
+    spec, rank = env.get(rank_env.JOB_SPEC), env.get("RANK", "0")
     if not spec or not (rank.isascii() and rank.isdigit()):
         return None
     return exit_beside(Path(spec), int(rank))

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from proto.progress import BandwidthChecked, slow_nodes
+from ringmaster import rank_env
 from trainer.log import Log
 
 CPU_BYTES = 16 << 20  # gloo over loopback or TCP: enough to leave latency behind
@@ -68,7 +69,7 @@ def bus_gbps(size_bytes: int, seconds: float, ranks: int = 2) -> float:
 def sim_delay(env: Mapping[str, str], node: str) -> float:
     """Seconds this node adds to each timed round (simulated nodes only, see above)."""
     knob = env.get("RINGMASTER_SIM_SLOW_NODE", "")
-    if env.get("RINGMASTER_SIMULATED") != "1" or ":" not in knob:
+    if env.get(rank_env.SIMULATED) != "1" or ":" not in knob:
         return 0.0
     name, seconds = knob.rsplit(":", 1)
     return float(seconds) if name == node else 0.0
@@ -127,7 +128,7 @@ def check(
         return None
     started = time.monotonic()
     index, leader = divmod(rank, local_world_size)
-    name = env.get("RINGMASTER_NODE", f"node{index}")
+    name = env.get(rank_env.NODE, f"node{index}")
     size = CUDA_BYTES if device.type == "cuda" else CPU_BYTES
     delay = sim_delay(env, name)
     mine: list[float] = []

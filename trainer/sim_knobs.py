@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 
 from proto.faults import SimKnobs
-from ringmaster.rundir import SIM_KNOBS_ENV
+from ringmaster import rank_env
 
 Warn = Callable[[str], None]
 
@@ -49,8 +49,8 @@ class SimKnobsReader:
     @classmethod
     def from_env(cls, env: Mapping[str, str], warn: Warn) -> SimKnobsReader | None:
         """The reader for this rank, or None where the knobs do not apply (a real node)."""
-        path = env.get(SIM_KNOBS_ENV)
-        if env.get("RINGMASTER_SIMULATED") != "1" or not path:
+        path = env.get(rank_env.SIM_KNOBS)
+        if env.get(rank_env.SIMULATED) != "1" or not path:
             return None
         return cls(Path(path), warn, poisons=env.get("LOCAL_RANK", "0") == "0")
 

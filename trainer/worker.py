@@ -271,7 +271,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # is wedged.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     beat = Beat.from_env(env, launch.rank).start()
-    log = Log(launch.rank)
+    log = Log(launch.rank, launch.attempt)
     log("started", pid=os.getpid())
     try:
         run(launch, cfg, batches, hooks, log, beat)

@@ -12,13 +12,11 @@ work (their count × that attempt's training time per step), taken out of traini
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LINE = re.compile(r"trainer t=\S+ wall=(\S+) rank=0 event=(\w+)(.*)")
-FIELD = re.compile(r"(\w+)=(\S+)")
+from trainer.log import read
 
 
 @dataclass
@@ -33,9 +31,9 @@ def attempts(home: Path, job: str) -> list[Attempt]:
     """Every attempt's rank 0 lines, from every node's ``rank-0.log`` of the job."""
     lines: list[tuple[float, str, dict[str, str]]] = []
     for log in home.glob(f"nodes/*/agent/jobs/{job}/rank-0.log"):
-        for text in log.read_text(errors="replace").splitlines():
-            if m := LINE.search(text):
-                lines.append((float(m[1]), m[2], dict(FIELD.findall(m[3]))))
+        for r in read(log.read_text(errors="replace")):
+            if r["rank"] == "0":
+                lines.append((float(r["wall"]), r["event"], r))
     out: list[Attempt] = []
     paused_at: float | None = None
     for wall, event, fields in sorted(lines, key=lambda line: line[0]):

@@ -4,7 +4,6 @@ with the torchrun environment set by hand, its stderr in its own log file."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -20,6 +19,7 @@ import pytest
 
 from proto.job import JobSpec
 from trainer.checkpoint import default_staging_dir
+from trainer.log import read
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,8 +72,7 @@ class Ranks:
 
     def events(self, rank: int, event: str) -> list[dict[str, str]]:
         """The fields of every ``event=<event>`` log line of ``rank``."""
-        lines = [line for line in self.log(rank).splitlines() if f" event={event} " in line + " "]
-        return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in lines]
+        return [r for r in read(self.log(rank)) if r["event"] == event]
 
     def wait_for_event(self, rank: int, event: str, timeout: float = 30.0) -> dict[str, str]:
         """The first ``event`` line of ``rank``'s log, waiting up to ``timeout`` for it."""
