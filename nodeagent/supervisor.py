@@ -22,7 +22,6 @@ import contextlib
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import structlog
 from nodeagent.adoption import AdoptedRank, adoptable
 from nodeagent.control_channel import ControlChannel
 from nodeagent.rank_reports import RankExit, rank_reports
+from nodeagent.rank_start import rank_argv, rank_cpus, start_cold
 from nodeagent.warm_pool import SPARE, WarmPool
 from proto.codec import encode
 from proto.commands import Launch
@@ -181,7 +181,7 @@ class Supervisor:
         workdir = Path(cmd.workdir or jobdir.path)
         if cmd.pre_start:
             await self._pre_start(cmd, workdir, jobdir)
-        argv = _argv(cmd.argv)
+        argv = rank_argv(cmd.argv)
         for spec in cmd.ranks:
             env = {
                 rank_env.COMPILE_CACHE: str(compile_cache(self.run_dir)),
@@ -202,13 +202,13 @@ class Supervisor:
             logpath = jobdir.rank_log(spec.rank)
             proc = None
             if not cmd.argv:  # the built-in trainer; user entry scripts start cold
-                cpus = sorted(_cpus(spec.cpus) or [])
+                cpus = sorted(rank_cpus(spec.cpus) or [])
                 launch = WarmLaunch(env=env, cwd=str(workdir), log=str(logpath), cpus=cpus)
                 proc = await self.warm.take(launch)
             warm = proc is not None
             if proc is None:
                 try:
-                    proc = await _start_cold(argv, env, workdir, logpath, spec.cpus)
+                    proc = await start_cold(argv, env, workdir, logpath, spec.cpus)
                 except OSError as exc:
                     await self.stop(cmd.job, force=True, grace_s=0)
                     raise SupervisorError(f"cannot start rank {spec.rank}: {exc}") from exc
@@ -328,50 +328,3 @@ async def _wait_all(run: JobRun, timeout: float) -> None:
     pending = [run.waiters[r] for r in run.alive() if r in run.waiters]
     if pending:
         await asyncio.wait(pending, timeout=timeout)
-
-
-def _argv(argv: list[str]) -> list[str]:
-    """The rank's command line. The built-in trainer runs as its own process, never
-    imported: the agent does not depend on the trainer's code."""
-    if not argv:
-        return [sys.executable, "-m", "trainer.worker"]
-    if argv[0].endswith(".py"):
-        return [sys.executable, *argv]
-    return argv
-
-
-async def _start_cold(
-    argv: list[str], env: dict[str, str], cwd: Path, logpath: Path, cpus: list[int]
-) -> asyncio.subprocess.Process:
-    """A new interpreter for the rank: ``exec`` with its own session, log and CPUs."""
-    with logpath.open("ab") as logf:
-        return await asyncio.create_subprocess_exec(
-            *argv,
-            env=env,
-            cwd=cwd,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=logf,
-            stderr=logf,
-            start_new_session=True,
-            preexec_fn=_affinity(cpus),
-        )
-
-
-def _cpus(cpus: list[int]) -> set[int] | None:
-    """The rank's CPUs among those this agent may use (all of them if none are); None:
-    no affinity asked for."""
-    if not cpus:
-        return None
-    available = os.sched_getaffinity(0)
-    return {c for c in cpus if c in available} or available
-
-
-def _affinity(cpus: list[int]) -> Callable[[], None] | None:
-    chosen = _cpus(cpus)
-    if chosen is None:
-        return None
-
-    def apply() -> None:
-        os.sched_setaffinity(0, chosen)
-
-    return apply

@@ -2,7 +2,7 @@
 parsed into typed structs. Pure: no I/O.
 
 Both sides read it from here: ``coordinatorctl`` parses a fault before sending it (and acts
-on ``kill-agent`` and ``kill-worker`` itself), and the hardware simulator
+on the process faults, ``PROCESS_FAULTS``, itself), and the hardware simulator
 (``nodeagent.sim``) parses what it receives and applies it. Parsing covers every fault
 form, even those the simulator cannot act on yet, so that a typo is refused with a clear
 one-line message. ``str(fault)`` gives the canonical form, used to list active faults.
@@ -84,6 +84,14 @@ class KillAgentFault(msgspec.Struct, frozen=True):
         return "kill-agent"
 
 
+class RestartAgentFault(msgspec.Struct, frozen=True):
+    """The agent crashes and is started again as systemd's ``Restart=`` would: SIGKILL, then
+    the same command line, environment and log; its ranks live on and are adopted."""
+
+    def __str__(self) -> str:
+        return "restart-agent"
+
+
 class LoseNodeFault(msgspec.Struct, frozen=True):
     """The machine dies: its agent and every rank at once, no goodbye."""
 
@@ -131,6 +139,7 @@ Fault = (
     | LinkFault
     | KillWorkerFault
     | KillAgentFault
+    | RestartAgentFault
     | LoseNodeFault
     | HangFault
     | SlowFault
@@ -143,6 +152,7 @@ Fault = (
 PROCESS_FAULTS = (
     KillWorkerFault,
     KillAgentFault,
+    RestartAgentFault,
     LoseNodeFault,
     HangFault,
     SlowFault,
@@ -171,6 +181,7 @@ FORMS = {
     "link": "link=<gpuA>-<gpuB>:<NV#|PHB|SYS|NODE|PIX|PXB> with gpuA != gpuB",
     "kill-worker": "kill-worker",
     "kill-agent": "kill-agent",
+    "restart-agent": "restart-agent",
     "lose-node": "lose-node",
     "hang": "hang[=<rank>]",
     "slow": "slow=<factor> with 1 <= factor <= 1000",
@@ -178,10 +189,19 @@ FORMS = {
     "clear": "clear",
 }
 _BARE: dict[
-    str, type[KillWorkerFault | KillAgentFault | LoseNodeFault | NanLossFault | ClearFault]
+    str,
+    type[
+        KillWorkerFault
+        | KillAgentFault
+        | RestartAgentFault
+        | LoseNodeFault
+        | NanLossFault
+        | ClearFault
+    ],
 ] = {
     "kill-worker": KillWorkerFault,
     "kill-agent": KillAgentFault,
+    "restart-agent": RestartAgentFault,
     "lose-node": LoseNodeFault,
     "nan-loss": NanLossFault,
     "clear": ClearFault,

@@ -2,9 +2,10 @@
 over NATS; process faults (``proto.faults.PROCESS_FAULTS``) are carried out here, on the
 local cluster's files: ``kill-agent``, ``kill-worker``, ``lose-node`` and ``hang`` are
 signals (the agent's PID is in the local cluster's ``pids/``, the ranks' in the agent's
-run directory), ``slow`` and ``nan-loss`` are knobs the node's ranks read each step
-(``ringmaster.rundir.sim_knobs``). ``clear`` clears both: the simulator's faults, and here
-the knobs and any rank left stopped by ``hang``."""
+run directory), ``restart-agent`` is a SIGKILL and the same agent started again
+(``coordinator.ctl.local.restart_agent``), ``slow`` and ``nan-loss`` are knobs the node's
+ranks read each step (``ringmaster.rundir.sim_knobs``). ``clear`` clears both: the
+simulator's faults, and here the knobs and any rank left stopped by ``hang``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import agent_process, agent_run_dir, pid_file
+from coordinator.ctl.local import restart_agent
 from proto import subjects
 from proto.api import InjectFault, InjectReply
 from proto.codec import encode
@@ -30,6 +32,7 @@ from proto.faults import (
     KillWorkerFault,
     LoseNodeFault,
     NanLossFault,
+    RestartAgentFault,
     SimKnobs,
     SlowFault,
     parse_fault,
@@ -64,6 +67,8 @@ def _local(fault: Fault, node: str, home: Path) -> str | None:
     match fault:
         case KillAgentFault():
             return _kill(_agent_pid(node, home), f"agent of {node}")
+        case RestartAgentFault():
+            return restart_agent(home, node)
         case KillWorkerFault():
             job, rank, pid = _ranks(node, run_dir)[0]
             return _kill(pid, f"{job} rank-{rank} on {node}")

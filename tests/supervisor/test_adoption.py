@@ -228,7 +228,7 @@ async def test_a_new_launch_replaces_the_old_attempts_reports(
         (1, False, 5, None),
     ]
     last_exit = max(e.at for e in sup.runs["j1"].exits.values())
-    assert len(rank_reports(sup.runs, sup.run_dir, last_exit + RANK_MEMORY_S)) == 2
+    assert len(rank_reports(sup.runs, sup.run_dir, last_exit + RANK_MEMORY_S - 1)) == 2
     assert rank_reports(sup.runs, sup.run_dir, last_exit + RANK_MEMORY_S + 1) == []
 
     (tmp_path / "orders" / "exit-1").unlink()
