@@ -29,10 +29,14 @@ class Reconciler:
         self.m = manager
         self.since = time.monotonic()  # when this leader took over: beats before it prove nothing
         self._orphans_stopped: dict[tuple[str, str, int], float] = {}
+        # when each orphan was first reported: one beat can still show a rank its stop
+        # has just ended, so an orphan is acted on once reported for over a beat
+        self._orphans_seen: dict[tuple[str, str, int], float] = {}
 
     def reset(self) -> None:
         self.since = time.monotonic()
         self._orphans_stopped.clear()
+        self._orphans_seen.clear()
 
     @staticmethod
     def speaks_for(job: JobRecord, event: WorkerExited | WorkerHung) -> bool:
@@ -56,9 +60,13 @@ class Reconciler:
                 await m.publish(event := _exit_event(job, found))
                 log.warning("reconciled a rank's exit", job=job.id, message=event.message)
                 await m.on_event(event)
+        seen = {}
         for orphan in orphans(m.jobs, nodes, lambda n: n.id not in silent):
             report = orphan.report
             key = (orphan.node, report.job, report.attempt)
+            seen[key] = first = self._orphans_seen.get(key, now)
+            if now - first <= 1.5 * nodes[orphan.node].interval_s:
+                continue
             if now - self._orphans_stopped.get(key, -1e18) < ORPHAN_RETRY_S:
                 continue
             self._orphans_stopped[key] = now
@@ -69,6 +77,7 @@ class Reconciler:
                 f"orphan:{orphan.node}",
                 m.stopper.kill(report.job, [orphan.node], why, attempt=report.attempt),
             )
+        self._orphans_seen = seen
 
 
 def _exit_event(job: JobRecord, found: Exited | Missing) -> WorkerExited:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from test_jobs import spec
+import time
+
+import pytest
+from test_jobs import Cluster, spec
 
 from coordinator import exclusion
 from coordinator.goodput import account
 from coordinator.reconcile import Exited, Missing, hosts_rank, job_findings, orphans
 from coordinator.registry import NodeInfo
+from proto.api import JobControl, SubmitJob
+from proto.commands import Stop
 from proto.job import JobRecord, JobState
-from proto.node import RankReport
+from proto.node import Heartbeat, RankReport
 
 
 def record(state: JobState = JobState.RUNNING, **kw: object) -> JobRecord:
@@ -107,3 +112,29 @@ def test_time_without_a_step_past_the_hang_threshold_is_recovery() -> None:
     account(job, 110.0)
     assert job.goodput["productive"] == 2 * 3.0  # up to the threshold
     assert job.goodput["recovery"] == 2 * 7.0  # the rest: nothing trained
+
+
+@pytest.mark.anyio
+async def test_an_orphan_reported_for_over_a_beat_is_killed_bounded_to_its_attempt() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = m.jobs[(await m.submit(SubmitJob(spec=spec(2), workdir="/w"))).job]
+    await m.start_pending(job)
+    await m.control(JobControl(job=job.id, action="stop"))
+    await m.settle()
+    assert job.state is JobState.STOPPED
+    kills = len(c.agents.commands(Stop))
+    report = RankReport(job=job.id, rank=1, attempt=job.attempt, pid=7, alive=True)
+    beat = Heartbeat(node="node-1", seq=9, sent_at=time.time(), gpus=1, ranks=[report])
+    c.registry.observe(beat, time.monotonic())
+    await m.tick()
+    await m.settle()
+    assert len(c.agents.commands(Stop)) == kills  # one beat may show a rank just stopped
+    m.reconciler._orphans_seen = {k: v - 10.0 for k, v in m.reconciler._orphans_seen.items()}
+    await m.tick()
+    await m.settle()
+    [kill] = c.agents.commands(Stop)[kills:]
+    assert isinstance(kill, Stop) and kill.force and kill.attempt == job.attempt
+    await m.tick()  # still reported: not again before ORPHAN_RETRY_S
+    await m.settle()
+    assert len(c.agents.commands(Stop)) == kills + 1

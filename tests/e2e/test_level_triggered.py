@@ -113,9 +113,14 @@ def test_stop_ends_a_job_whose_node_is_silent_and_its_orphan_is_killed_later(
     ranks = ctl.ranks(job)
     ctl("stop", job)
     final = ctl.wait(job, lambda s: s["state"] == "stopped", timeout=60)
-    assert "node-1 did not confirm the stop" in final["reason"]
-    [stopped] = [e for e in ctl.events("--job", job) if e["kind"] == "job.stopped"]
-    assert "node-1" in stopped["message"]
+    events = ctl.events("--job", job)
+    [stopped] = [e for e in events if e["kind"] == "job.stopped"]
+    if not any(e["kind"] == "job.recovering" for e in events):
+        # the stop met the job running: node-1 could not confirm it, and is named
+        assert "node-1 did not confirm the stop" in final["reason"], final["reason"]
+        assert "node-1" in stopped["message"]
+    # else node-1 was declared lost first (a slow machine): the stop met a job already
+    # recovering without it, which it ends at once
     orphans = [p for p in ranks if pid_alive(p)]
     assert orphans, "nothing could stop node-1's rank while its agent was away"
     ctl("inject", "node-1", "restart-agent")  # back: it reports the rank, which is killed
