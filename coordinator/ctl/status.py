@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -118,6 +119,15 @@ def render(console: Console, data: Any, job_id: str | None, *, wide: bool = Fals
         console.print(f"{c['id']}: {c['role']} (epoch {c['epoch']}, seen {age:.0f} s ago)")
 
 
+def left_out(excluded: dict[str, Any], now: float) -> str:
+    """Nodes still left out of the job after a fault: why, and until when (UTC)."""
+    return "; ".join(
+        f"{node} until {datetime.fromtimestamp(e['until'], UTC):%H:%M:%S} UTC ({e['reason']})"
+        for node, e in sorted(excluded.items())
+        if e["until"] > now
+    )
+
+
 def render_job(console: Console, j: dict[str, Any]) -> None:
     table = Table(show_header=False, title=f"job {j['id']}", title_justify="left")
     table.add_column("field", style="bold", no_wrap=True)
@@ -136,11 +146,14 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
         "last_checkpoint_step",
         "world_size",
         "nodes",
+        "excluded",
         "master_addr",
         "reason",
     ):
         value = j.get(key)
-        if key == "state":
+        if key == "excluded":
+            value = left_out(value or {}, time.time())
+        elif key == "state":
             value = _state(str(value))
         elif key == "mfu" and value is not None:
             value = f"{100 * value:.1f} %"

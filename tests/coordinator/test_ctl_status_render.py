@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from coordinator.ctl.status import render
+from coordinator.ctl.status import left_out, render
 from proto.conditions import Condition, ConditionKind
 from proto.node import NodeRecord, NodeState
 
@@ -140,3 +140,12 @@ def test_one_job_piped_or_narrow_keeps_its_values_whole() -> None:
         render(console, job, job["id"])
         text = console.export_text()
         assert "nvme.latency:node-1:nvme0n1" in text and "250000" in text and "…" not in text
+
+
+def test_a_left_out_node_is_shown_with_why_and_until_when() -> None:
+    excluded = {
+        "node-1": {"reason": "node node-1 lost", "until": 1_900_000_000.0, "count": 1},
+        "node-2": {"reason": "old", "until": 1.0, "count": 1},  # ended: not shown
+    }
+    shown = left_out(excluded, now=1_800_000_000.0)
+    assert shown == "node-1 until 17:46:40 UTC (node node-1 lost)"
