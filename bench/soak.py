@@ -37,7 +37,9 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +49,15 @@ from bench.cluster_harness import TINY, Ctl, read_records, wait_for
 from bench.soak_plan import (
     BENCH_ACTIONS,
     CLUSTER_FAULTS,
-    STUCK_S,
     Planned,
     actions,
     back_to_training,
-    longest_stall,
     parser,
     reaction,
     schedule,
     target,
 )
+from bench.soak_report import report
 from bench.soak_watch import Events, Sampler, leftovers
 from coordinator.ctl.home import pid_file
 from coordinator.ctl.local import _spawn
@@ -76,6 +77,11 @@ class Soak:
         self.nodes: list[str] = []  # the job's nodes when last seen with any
         self.frozen: int | None = None  # the nats-server's PID while it is stopped
         self.record: dict[str, Any] = {}  # the job record read as the last fault closed
+        self.done: list[dict[str, Any]] = []  # the faults injected so far
+        self.queue: list[tuple[float, int, Planned | str, dict[str, Any]]] = []
+        self.order = itertools.count()  # ties in time go in the order queued
+        self.lock = threading.Lock()  # over the queue
+        self.t0 = 0.0  # when the soak started
 
     def pid(self, name: str) -> int:
         """The PID ``up`` recorded for ``name``; never 0 or none (a signal to 0 would hit
@@ -135,12 +141,14 @@ class Soak:
         node = CLUSTER_FAULTS.get(p.fault) or target(self.nodes, p.pick)
         first, _ = actions(p)
         ctx = {"target": node}
-        at = time.time()
         said = self.act(first, ctx) if node else "not done: the job has no nodes"
+        # after: ``inject`` acts at the end of a call that may take seconds to start
+        at = time.time()
         return {
             "fault": p.fault,
             "action": first,
-            "at_s": p.at,
+            "at_s": round(at - self.t0, 1),
+            "planned_s": p.at,
             "wall": at,
             "target": ctx["target"],
             "said": said,
@@ -196,78 +204,53 @@ class Soak:
         steps = [r.wall for r in records if r.event == "step"]
         return back_to_training(starts, steps, fault["wall"], until, restarted)
 
-    def run(self, plan: list[Planned], minutes: float) -> tuple[list[dict[str, Any]], float]:
-        """Faults and their follow-ups in time order, from one queue; a follow-up (a node
-        brought back, the bus thawed) is carried out even once the job has ended."""
-        t0 = time.time()
-        order = itertools.count()  # ties in time go in the order queued
-        queue: list[tuple[float, int, Planned | str, dict[str, Any]]] = [
-            (t0 + p.at, next(order), p, {}) for p in plan
-        ]
-        heapq.heapify(queue)
-        done: list[dict[str, Any]] = []
-        ended = False
-        while queue:
-            when, _, what, ctx = heapq.heappop(queue)
-            time.sleep(max(0.0, when - time.time()))
-            if isinstance(what, str):
-                then = f"then {what}: {self.act(what, ctx)}"
-                if "closed" in ctx:  # after its fault's line: a line of its own
-                    print(f"{time.time() - t0:7.0f} s  ... {ctx['target']}: {then}", flush=True)
-                ctx.setdefault("then", []).append(then)
-                continue
-            if done:
-                self.close(done[-1], time.time())
-            ended = ended or self.sampler.latest().get("state") in ("completed", "failed")
-            if ended:
-                continue
-            done.append(self.inject(what))
-            for delay, action in actions(what)[1]:
-                heapq.heappush(
-                    queue, (done[-1]["wall"] + delay, next(order), action, done[-1]["ctx"])
-                )
-        time.sleep(max(0.0, t0 + minutes * 60 - time.time()))
-        if done and "closed" not in done[-1]["ctx"]:
-            self.close(done[-1], time.time())
-        for fault in done:
+    def follow_up(self, action: str, ctx: dict[str, Any]) -> None:
+        then = f"then {action}: {self.act(action, ctx)}"
+        if "closed" in ctx:  # after its fault's line: a line of its own
+            print(f"{time.time() - self.t0:7.0f} s  ... {ctx['target']}: {then}", flush=True)
+        ctx.setdefault("then", []).append(then)
+
+    def fault(self, p: Planned) -> None:
+        """Close the previous fault, then inject this one and queue its follow-ups; none
+        once the job has ended."""
+        if self.done:
+            self.close(self.done[-1], time.time())
+        if self.sampler.latest().get("state") in ("completed", "failed"):
+            return
+        fault = self.inject(p)
+        self.done.append(fault)
+        with self.lock:
+            for delay, action in actions(p)[1]:
+                heapq.heappush(self.queue, (fault["wall"] + delay, next(self.order), action, fault))
+
+    def run(self, plan: list[Planned], minutes: float) -> list[dict[str, Any]]:
+        """Each fault and follow-up at its time, from one queue: the faults one after
+        another, each follow-up (a node repaired, the bus thawed) in a thread of its own,
+        so that a slow ``coordinatorctl`` on a loaded machine delays no other; follow-ups
+        are carried out even once the job has ended."""
+        self.t0 = time.time()
+        self.queue = [(self.t0 + p.at, next(self.order), p, {}) for p in plan]
+        heapq.heapify(self.queue)
+        running: list[Future[None]] = []
+        with ThreadPoolExecutor(1) as faults, ThreadPoolExecutor(4) as follow_ups:
+            while self.queue or not all(f.done() for f in running):
+                with self.lock:
+                    due = self.queue and self.queue[0][0] <= time.time()
+                    item = heapq.heappop(self.queue) if due else None
+                if item is None:
+                    time.sleep(0.2)
+                elif isinstance(item[2], Planned):
+                    running.append(faults.submit(self.fault, item[2]))
+                else:
+                    running.append(follow_ups.submit(self.follow_up, item[2], item[3]["ctx"]))
+        for done in running:
+            done.result()  # what went wrong in a thread is raised here
+        time.sleep(max(0.0, self.t0 + minutes * 60 - time.time()))
+        if self.done and "closed" not in self.done[-1]["ctx"]:
+            self.close(self.done[-1], time.time())
+        for fault in self.done:
             fault.pop("ctx")
-        return done, t0
-
-
-def report(soak: Soak, faults: list[dict[str, Any]], t0: float, args: Any) -> dict[str, Any]:
-    final = soak.ctl.status(soak.job)
-    goodput: dict[str, float] = final["goodput"]
-    total = sum(goodput.values())
-    steps = [r.wall for r in read_records(soak.ctl.logs(soak.job)) if r.event == "step"]
-    stall, began = longest_stall(steps, soak.sampler.excused(), t0, time.time())
-    out = {
-        "settings": {"minutes": args.minutes, "every": args.every, "seed": args.seed},
-        "job": {k: final.get(k) for k in ("id", "state", "step", "restarts", "reason")},
-        "faults": faults,
-        "goodput": goodput,
-        "productive_share": round(goodput.get("productive", 0.0) / total, 3) if total else None,
-        "longest_stall_s": stall,
-        "longest_stall_at_s": round(began - t0, 1),
-    }
-    out["stuck"] = stall > STUCK_S
-    print(f"\njob {final['state']} at step {final['step']}, restarts {final['restarts']}")
-    if final.get("reason"):
-        print(f"  reason: {final['reason']}")
-    for f in faults:  # the attempts that came after the next fault count too
-        f["back_s"] = soak.back(f, f.pop("until"), f["restarted"])
-        back = "never" if f["back_s"] is None else f"{f['back_s']:.1f} s"
-        print(
-            f"  {f['at_s']:5.0f} s {f['fault']:13} restarts {f['restarts_before']}→"
-            f"{f['restarts_after']}, back to training {back}"
-        )
-    print("goodput (GPU-s): " + ", ".join(f"{k} {v:.1f}" for k, v in goodput.items()))
-    share = out["productive_share"]
-    print(f"productive share: {'-' if share is None else f'{100 * share:.1f} %'}")
-    print(
-        f"longest stretch without a step (not paused, not waiting for nodes): {stall:.1f} s, "
-        f"from {began - t0:.0f} s" + (" — stuck" if out["stuck"] else "")
-    )
-    return out
+        return self.done
 
 
 def first_step(ctl: Ctl, job: str) -> dict[str, Any]:
@@ -306,8 +289,7 @@ def main() -> int:
         soak = Soak(ctl, job, sampler, events)
         plan = schedule(args.minutes, args.every, args.seed)
         print(f"job {job} trains; {len(plan)} faults", flush=True)
-        faults, t0 = soak.run(plan, args.minutes)
-        out = report(soak, faults, t0, args)
+        out = report(soak, soak.run(plan, args.minutes), args)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2, default=str))
         return 1 if out["stuck"] or out["job"]["state"] == "failed" else 0

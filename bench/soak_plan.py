@@ -120,15 +120,16 @@ def reaction(kinds: Sequence[str]) -> str:
 def back_to_training(
     starts: Sequence[float], steps: Sequence[float], at: float, until: float, restarted: bool
 ) -> float | None:
-    """Seconds from a fault at ``at`` to training again, from the ranks' wall times: to the
-    first step of the first attempt started after it, before ``until`` (the next fault) or,
-    if the fault cost a restart, whenever that attempt came; else (training went on) to
-    the first step after it. A step the doomed attempt still finishes is not training again."""
-    start = next((t for t in starts if at < t < until), None)
-    if start is None and restarted:
-        start = next((t for t in starts if t > at), None)
+    """Seconds from a fault at ``at`` to training again, from the ranks' wall times. If the
+    fault cost a restart, to the first step of the first attempt started after it, whenever
+    that came (None: not yet): a step the doomed attempt still finished is not training
+    again. Else to the first step of an attempt started before ``until`` (the next fault),
+    or, with none, to the first step after the fault (training went on)."""
+    start = next((t for t in starts if at < t and (restarted or t < until)), None)
     if start is None:
-        return next((round(t - at, 1) for t in steps if at < t < until), None)
+        return (
+            None if restarted else next((round(t - at, 1) for t in steps if at < t < until), None)
+        )
     return next((round(t - at, 1) for t in steps if t > start), None)
 
 

@@ -74,6 +74,8 @@ def test_back_to_training_is_the_first_step_of_the_attempt_the_fault_caused() ->
     assert back_to_training(starts, steps, 10.0, 15.0, restarted=True) == 15.0
     # no restart: training went on (a straggler, a frozen bus)
     assert back_to_training(starts, steps, 10.0, 15.0, restarted=False) == 0.5
+    # the restart's attempt has not started yet: not back, whatever the doomed one does
+    assert back_to_training([0.0], steps, 10.0, 30.0, restarted=True) is None
     assert back_to_training(starts, [1.0], 10.0, 30.0, restarted=True) is None
 
 

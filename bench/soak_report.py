@@ -1,0 +1,50 @@
+"""The end of ``bench/soak.py``: the job's state, each fault's restarts and time back to
+training (counted again now, so that an attempt that came only after the next fault
+counts), the goodput ledger, the productive share and the longest stall."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from bench.cluster_harness import read_records
+from bench.soak_plan import STUCK_S, longest_stall
+
+if TYPE_CHECKING:
+    from bench.soak import Soak
+
+
+def report(soak: Soak, faults: list[dict[str, Any]], args: Any) -> dict[str, Any]:
+    final, t0 = soak.ctl.status(soak.job), soak.t0
+    goodput: dict[str, float] = final["goodput"]
+    total = sum(goodput.values())
+    steps = [r.wall for r in read_records(soak.ctl.logs(soak.job)) if r.event == "step"]
+    stall, began = longest_stall(steps, soak.sampler.excused(), t0, time.time())
+    out = {
+        "settings": {"minutes": args.minutes, "every": args.every, "seed": args.seed},
+        "job": {k: final.get(k) for k in ("id", "state", "step", "restarts", "reason")},
+        "faults": faults,
+        "goodput": goodput,
+        "productive_share": round(goodput.get("productive", 0.0) / total, 3) if total else None,
+        "longest_stall_s": stall,
+        "longest_stall_at_s": round(began - t0, 1),
+    }
+    out["stuck"] = stall > STUCK_S
+    print(f"\njob {final['state']} at step {final['step']}, restarts {final['restarts']}")
+    if final.get("reason"):
+        print(f"  reason: {final['reason']}")
+    for f in faults:  # the attempts that came after the next fault count too
+        f["back_s"] = soak.back(f, f.pop("until"), f["restarted"])
+        back = "never" if f["back_s"] is None else f"{f['back_s']:.1f} s"
+        print(
+            f"  {f['at_s']:5.0f} s {f['fault']:13} restarts {f['restarts_before']}→"
+            f"{f['restarts_after']}, back to training {back}"
+        )
+    print("goodput (GPU-s): " + ", ".join(f"{k} {v:.1f}" for k, v in goodput.items()))
+    share = out["productive_share"]
+    print(f"productive share: {'-' if share is None else f'{100 * share:.1f} %'}")
+    print(
+        f"longest stretch without a step (not paused, not waiting for nodes): {stall:.1f} s, "
+        f"from {began - t0:.0f} s" + (" — stuck" if out["stuck"] else "")
+    )
+    return out
