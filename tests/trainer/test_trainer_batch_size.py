@@ -4,7 +4,6 @@ out of memory above a size (no GPU needed), and the logged no-op on CPU."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ import torch
 
 from proto.job import JobSpec
 from trainer.batch_size import choose_micro_batch, forward_backward, largest_fitting
-from trainer.log import Log
+from trainer.log import Log, read
 from trainer.model import GPT
 from trainer.presets import get_preset
 
@@ -90,7 +89,7 @@ def test_cuda_uses_the_minimum_over_ranks(
         32, torch.device("cuda", 0), attempt, Log(0), agree=agree, release=attempt.release
     )
     assert (size, agreed, attempt.tried) == (2, [8], [32, 16, 8])
-    fields = dict(re.findall(r"(\w+)=(\S+)", capsys.readouterr().err))
+    [fields] = read(capsys.readouterr().err)
     assert fields["event"] == "micro_batch" and fields["auto"] == "probed"
     assert (fields["size"], fields["requested"], fields["fits_here"]) == ("2", "32", "8")
     assert fields["free_gib"] == "3"

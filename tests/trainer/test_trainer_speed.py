@@ -5,7 +5,6 @@ checkpointing, and the defaults each of them takes on CUDA and on CPU."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from trainer.build import activation_checkpointing, build_model
 from trainer.engine_deepspeed import ds_config
 from trainer.flops import Mfu, device_peak, model_flops_per_token, peak_bf16_flops
 from trainer.fp8_auto import Choice, choose, plan
-from trainer.log import Log
+from trainer.log import Log, read
 from trainer.model import GPT, Block, count_params, lm_loss
 from trainer.precision import apply_precision
 from trainer.presets import NOMINAL_PARAMS, PRESETS, get_preset, param_count
@@ -113,14 +112,15 @@ def test_build_model_logs_which_linears_run_in_float8_and_why(
 
     train = TrainSection(model="small", precision="fp8", engine="ddp")
     model = build_model(train, get_preset("small"), CPU, Log(0))
-    lines = capsys.readouterr().err.splitlines()
-    fields = [dict(re.findall(r"(\w+)=(\S+)", line)) for line in lines]
+    fields = list(read(capsys.readouterr().err))
     logged = {f["linears"].removeprefix("blocks.*."): f for f in fields if f["event"] == "float8"}
-    assert len(lines) == len(logged) == 4  # once per role of linear, not per block
+    assert len(fields) == len(logged) == 4  # once per role of linear, not per block
     assert logged["attn.qkv"] | {"t": "-", "wall": "-"} == {
+        "trainer": "true",
         "t": "-",  # the log's clocks
         "wall": "-",
         "rank": "0",
+        "attempt": "0",
         "event": "float8",
         "recipe": "auto",
         "linears": "blocks.*.attn.qkv",
