@@ -141,8 +141,10 @@ class Soak:
         node = CLUSTER_FAULTS.get(p.fault) or target(self.nodes, p.pick)
         first, _ = actions(p)
         ctx = {"target": node}
+        sent = time.time()
         said = self.act(first, ctx) if node else "not done: the job has no nodes"
-        # after: ``inject`` acts at the end of a call that may take seconds to start
+        # the fault's time is after: ``inject`` acts at the end of a call that may take
+        # seconds to start; what it caused is looked for from when it was sent
         at = time.time()
         return {
             "fault": p.fault,
@@ -150,6 +152,7 @@ class Soak:
             "at_s": round(at - self.t0, 1),
             "planned_s": p.at,
             "wall": at,
+            "sent": sent,
             "target": ctx["target"],
             "said": said,
             "restarts_before": record.get("restarts"),
@@ -159,7 +162,7 @@ class Soak:
     def close(self, fault: dict[str, Any], until: float) -> None:
         """What followed a fault until ``until`` (the next fault, or the end)."""
         at = fault["wall"]
-        window = self.events.between(at, until)
+        window = self.events.between(fault["sent"], until)
         mine = [e["kind"] for e in window if e.get("job") == self.job]
         seen = {
             e["kind"]
