@@ -272,7 +272,10 @@ def first_step(ctl: Ctl, job: str) -> dict[str, Any]:
 def main() -> int:
     args = parser().parse_args()
     home = Path(args.dir).resolve() if args.dir else Path(tempfile.mkdtemp(prefix="soak-"))
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        parser().error(f"--dir {home}: {exc.strerror}")
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     ctl = Ctl(home, home)
     events = Events(ctl)
