@@ -262,11 +262,12 @@ def relaunched(job: JobRecord, active: dict[str, Condition]) -> list[Action]:
 def minimum_nodes(job: JobRecord) -> int:
     """The fewest nodes the job's next attempt may run on: ``[job] min_nodes`` once it has
     run (a first start waits for all its nodes), unless its checkpoints cannot load at
-    another world size (DeepSpeed ZeRO-0 and ZeRO-3 partition what they save by it)."""
+    another world size (DeepSpeed ZeRO-0's; ZeRO-1 to 3 reshard through DeepSpeed's
+    universal checkpoint)."""
     spec = job.spec
     if not job.attempt or spec.job.min_nodes is None:
         return spec.job.nodes
-    if not spec.job.entry and spec.train.engine == "deepspeed" and spec.train.zero_stage in (0, 3):
+    if not spec.job.entry and spec.train.engine == "deepspeed" and spec.train.zero_stage == 0:
         return spec.job.nodes
     return spec.job.min_nodes
 

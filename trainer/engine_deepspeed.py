@@ -12,11 +12,16 @@ loop does not wait for serialisation; the few plain files it copies itself (the
 the ranks' files into one step dir, exactly the directory ``load_checkpoint`` expects. The
 durable dir must be shared by the job's nodes, as ranks load files other ranks wrote.
 
-A ZeRO-1/2 checkpoint written at another world size (a job continuing on fewer nodes after
-losing one, or grown back) loads too: the parameters through ``load_checkpoint`` without
-the optimizer, which DeepSpeed refuses to re-partition, then every saved rank's optimizer
-partition re-sliced by :mod:`trainer.zero_reshard`. ZeRO-3 partitions the parameters as
-well and is refused at another world size (:meth:`DeepSpeedEngine.refusal`).
+A ZeRO-1, 2 or 3 checkpoint written at another world size (a job continuing on fewer
+nodes after losing one, or grown back) loads through DeepSpeed's own Universal
+Checkpointing: rank 0 converts the step dir with ``ds_to_universal`` into
+``<checkpoint.dir>/ds-universal/`` (beside the step dirs, never one of them: resume and
+pruning only see ``step-<N>``), every rank loads that with ``checkpoint.load_universal``
+set, and rank 0 removes it. DeepSpeed reads that setting only while loading, so it is on
+just for that load; a checkpoint of the same world size loads as saved. ZeRO-0 is refused
+at another world size (:meth:`DeepSpeedEngine.refusal`): in fp32 its optimizer is not
+ZeRO's, leaving no partition files to convert, and its bf16 optimizer's universal path is
+untested.
 
 The host buffers are allocated ahead of the first checkpoint
 (:meth:`DeepSpeedEngine.prepare_snapshot`): a dry run of ``save_checkpoint`` into a scratch
@@ -33,22 +38,28 @@ around them, see :mod:`trainer.precision`).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import logging
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from proto.job import TrainSection
-from trainer import durable, zero_reshard
+from trainer import durable
 from trainer.host_buffers import HostBuffers
 from trainer.model import lm_loss
 from trainer.precision import Precision
 
 TAG = "ds"  # the one checkpoint tag inside every step dir
+UNIVERSAL = "ds-universal"  # beside the step dirs: the converted copy a resharded load reads
 
 
 def ds_config(train: TrainSection, precision: Precision, device: torch.device) -> dict[str, Any]:
@@ -149,48 +160,78 @@ class DeepSpeedEngine:
     def refusal(self, manifest: durable.Manifest) -> str | None:
         if manifest.engine != self.name:
             return f"another engine's (resume with {manifest.engine})"
-        if manifest.world_size == self.world_size:
+        if manifest.world_size == self.world_size or self.zero_stage > 0:
             return None
-        if self.zero_stage == 3:
-            return (
-                "DeepSpeed loads ZeRO-3's partitioned parameters only at the world size that "
-                f"wrote them ({manifest.world_size}); ZeRO-1 and 2 checkpoints reshard"
-            )
-        if self.zero_stage == 0:  # replicated, but bf16 partitions it; not worth a path
-            return f"ZeRO-0 loads only at the world size that wrote it ({manifest.world_size})"
-        if self._reshard_files(manifest) is None:
-            return f"a ZeRO partition file of its {manifest.world_size} ranks is missing"
-        return None
+        return f"ZeRO-0 loads only at the world size that wrote it ({manifest.world_size})"
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         if self.refusal(manifest) is not None:
             return None
-        if manifest.world_size != self.world_size:
-            return self._reshard_files(manifest)
-        own = manifest.ranks.get(str(self.rank), [])
-        return [name for name in own if name.startswith(f"{TAG}/")]
-
-    def _reshard_files(self, manifest: durable.Manifest) -> list[str] | None:
-        """What a rank reads to load a ZeRO-1/2 checkpoint of another world size: the model
-        states and every saved rank's optimizer partition (None if one is missing)."""
-        names = [name for name in manifest.files if name.startswith(f"{TAG}/")]
-        zero = zero_reshard.zero_files(names, manifest.world_size)
-        models = [n for n in names if zero_reshard.MODEL_STATES.fullmatch(Path(n).name)]
-        return None if zero is None or not models else sorted(models) + zero
+        if manifest.world_size == self.world_size:
+            own = manifest.ranks.get(str(self.rank), [])
+            return [name for name in own if name.startswith(f"{TAG}/")]
+        # at another world size rank 0 converts every saved rank's files; the others read
+        # only its converted copy
+        return (
+            sorted(n for n in manifest.files if n.startswith(f"{TAG}/")) if self.rank == 0 else []
+        )
 
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
         if manifest.world_size == self.world_size:
             path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG)
-        else:  # the parameters as usual; DeepSpeed refuses to reshard the optimizer itself
-            path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG, load_optimizer_states=False)
+        else:
+            path = self._load_universal(step_dir)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {step_dir}")
-        if manifest.world_size != self.world_size:
-            files = self._reshard_files(manifest)
-            assert files is not None  # files_for checked
-            zero = [step_dir / name for name in files[-manifest.world_size :]]
-            zero_reshard.load_resharded(self.ds.optimizer, zero, self.rank, self.world_size)
+
+    def _load_universal(self, step_dir: Path) -> str | None:
+        """Load ``step_dir`` (another world size's) through a universal copy of it, on
+        every rank; the copy lives only for this load."""
+        universal = step_dir.parent / UNIVERSAL
+        failure = None
+        if self.rank == 0:
+            shutil.rmtree(universal, ignore_errors=True)  # a killed attempt's
+            try:
+                to_universal(step_dir / TAG, universal / TAG)
+            except Exception as exc:  # reaches every rank below, not just this one
+                failure = f"converting {step_dir} to a universal checkpoint failed: {exc!r}"
+        box = [failure]
+        dist.broadcast_object_list(box, src=0)  # and the other ranks wait for the copy
+        if box[0] is not None:
+            raise RuntimeError(box[0])
+        self.ds._config.load_universal_checkpoint = True  # ``checkpoint.load_universal``
+        try:
+            path: str | None
+            path, _ = self.ds.load_checkpoint(str(universal), tag=TAG)
+            dist.barrier()  # every rank has read the copy
+        finally:
+            self.ds._config.load_universal_checkpoint = False
+            if self.rank == 0:
+                shutil.rmtree(universal, ignore_errors=True)
+        return path
 
     def close(self) -> None:
         self.buffers.wait()
         self.buffers = HostBuffers()  # drop the host copies of the last checkpoint
+
+
+def to_universal(checkpoint: Path, out: Path) -> None:
+    """DeepSpeed's ``ds_to_universal`` of the tag dir ``checkpoint`` into ``out`` (it also
+    writes ``latest_universal`` beside ``out``), in this process and quietly: one worker,
+    as forking a rank that holds process groups and their threads is not safe; the
+    universal-checkpoint info it requires is injected (only tensor- or pipeline-parallel
+    models need more than its version)."""
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = argparse.Namespace(
+        input_folder=str(checkpoint),
+        output_folder=str(out),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,
+    )
+    chatter = io.StringIO()  # its progress prints and bars
+    with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+        ds_to_universal.main(args)

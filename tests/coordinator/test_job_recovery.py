@@ -223,6 +223,8 @@ def test_a_job_whose_checkpoints_cannot_reshard_does_not_shrink() -> None:
     record.spec.job.min_nodes = 2
     assert policy.minimum_nodes(record) == 2  # deepspeed ZeRO-1: it reshards
     record.spec.train.zero_stage = 3
+    assert policy.minimum_nodes(record) == 2  # so does ZeRO-3
+    record.spec.train.zero_stage = 0
     assert policy.minimum_nodes(record) == 4
     record.spec.train.engine = "fsdp"
     assert policy.minimum_nodes(record) == 2
