@@ -190,7 +190,8 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
         return _release(job, cond)  # a reason closes whatever state the job is in
     if cond.kind is ConditionKind.OPERATOR:
         return _hold(job, cond, "operator request") if cond.job == job.id else []
-    if job.state not in LIVE or cond.node not in job.nodes or cond.node in job.excluded:
+    # a node left out is in no attempt's nodes; one that came back speaks for itself again
+    if job.state not in LIVE or cond.node not in job.nodes:
         return []
     # The agent's detector judged the threshold (its nvme.spike_us, gpu.critical_c): the
     # condition and its severity are the evidence, not a second threshold per job.

@@ -7,7 +7,7 @@ import pytest
 from coordinator import policy
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, NodeLost, NvmeLatencySpike, WorkerExited
-from proto.job import Failure, JobRecord, JobSection, JobSpec, JobState
+from proto.job import Exclusion, Failure, JobRecord, JobSection, JobSpec, JobState
 
 
 def job(state: JobState = JobState.RUNNING, **kw: object) -> JobRecord:
@@ -62,7 +62,8 @@ def test_the_event_carrying_a_condition_is_decided_by_its_condition() -> None:
 
 def test_a_spike_elsewhere_does_nothing() -> None:
     assert policy.on_condition(job(), spike(node="node-7")) == []
-    assert policy.on_condition(job(excluded=["node-1"]), spike()) == []
+    # left out by a restart: the job recovers without it until the next attempt launches
+    assert policy.on_condition(job(JobState.RECOVERING), spike()) == []
 
 
 def test_the_agent_judged_the_spike_so_any_open_latency_condition_pauses() -> None:
@@ -292,3 +293,12 @@ def test_a_peers_exit_restarts_without_the_silent_node() -> None:
         (),
         Failure(node="node-0", rank=0, cause="exit 1"),
     )
+
+
+def test_a_node_that_came_back_after_being_left_out_is_evacuated_again() -> None:
+    """Its exclusion record stays (for backoff) once it has ended and the node rejoined."""
+    back = job()
+    back.excluded = {"node-1": Exclusion(reason="spot", since=0.0, until=1.0)}
+    notice = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws")
+    drain, restart = policy.on_condition(back, notice)
+    assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-1",)
