@@ -7,7 +7,9 @@ median step time: a first step's extra cost is the start's) to the end of its la
 less the checkpoint stalls and pauses inside that span. Before the first attempt's first
 step is start-up; between one attempt's last step and the next attempt's first is
 recovery; steps an attempt trained past the checkpoint the next one resumed from are lost
-work (their count × that attempt's training time per step), taken out of training.
+work (their count × that attempt's training time per step), taken out of training. A gap
+between two steps longer than the hang threshold (max(3 × the attempt's median step,
+3 s), the policy's defaults) trains for the threshold only: the rest is recovery.
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ def attempts(home: Path, job: str) -> list[Attempt]:
     return out
 
 
+def stalled_gaps(run: Attempt, threshold: float) -> float:
+    """Seconds of step-to-step gaps past ``threshold``, gaps holding a pause left out."""
+    total = 0.0
+    for (a, _, _), (b, _, _) in zip(run.steps, run.steps[1:], strict=False):
+        if not any(a <= p <= b for p, _ in run.pauses):
+            total += max(0.0, b - a - threshold)
+    return total
+
+
 def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
     """Seconds per ledger bucket (multiply by the world size for GPU-seconds)."""
     buckets = dict.fromkeys(
@@ -72,8 +83,10 @@ def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
             buckets["productive"] -= redone * previous_per_step
         inside = sum(s for wall, s in run.stalls if begin < wall <= end)
         paused = sum(b - a for a, b in run.pauses if begin < a and b <= end)
-        buckets["productive"] += end - begin - inside - paused
-        previous_per_step = (end - begin - inside - paused) / len(run.steps)
+        stalled = stalled_gaps(run, max(3.0 * median, 3.0))
+        buckets["productive"] += end - begin - inside - paused - stalled
+        buckets["recovery"] += stalled
+        previous_per_step = (end - begin - inside - paused - stalled) / len(run.steps)
         buckets["paused"] += paused
         # a stall after the last step (the checkpoint a graceful stop makes) is stall too,
         # taken out of the gap that follows
