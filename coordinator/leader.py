@@ -19,6 +19,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Histogram
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets
@@ -28,12 +29,14 @@ from proto.api import ApiReply
 from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
 from proto.events import NODE_REPORTED, EventBase, NodeLost, Severity, kind_of
 from proto.node import NodeRecord
+from ringmaster.retry import backoff
 
 log = structlog.get_logger()
 Handler = Callable[[str, bytes], Awaitable[None]]  # subject, data
 NODE_REFRESH_S = 15.0  # telemetry in node records is at most this old
 WRITES_IN_FLIGHT = 32  # bounded, so lease renewals and commands never queue behind them
 YIELD_EVERY = 500  # nodes examined between yields to the event loop
+DUTY_RESTART_FIRST_S, DUTY_RESTART_CAP_S = 0.5, 5.0  # a failed duty's jittered restart
 
 
 class Leadership:
@@ -93,14 +96,29 @@ class Leadership:
 
     @staticmethod
     async def _forever(name: str, duty: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            try:
+        """Run ``duty`` for as long as this leader leads. Whatever it raises is logged and
+        the duty started again after the project's jittered backoff
+        (:func:`ringmaster.retry.backoff`): a duty supervises itself, so, unlike a retried
+        call, it names no exception types — one that stopped for good would leave the
+        leader half-working. Cancellation (stepping down) is never retried."""
+
+        def note(state: RetryCallState) -> None:
+            failed = state.outcome.exception() if state.outcome else None
+            log.error(
+                "leader duty failed; restarting it",
+                duty=name,
+                error=repr(failed),
+                in_s=round(state.upcoming_sleep, 2),
+            )
+
+        async for attempt in AsyncRetrying(
+            wait=backoff(DUTY_RESTART_FIRST_S, DUTY_RESTART_CAP_S),
+            retry=retry_if_exception_type(Exception),
+            before_sleep=note,
+            reraise=True,
+        ):
+            with attempt:
                 await duty()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.error("leader duty failed; restarting it", duty=name, error=repr(exc))
-                await asyncio.sleep(1.0)
 
     @staticmethod
     async def _every(period: float, work: Callable[[], Awaitable[None]]) -> None:
