@@ -59,7 +59,12 @@ def agent(
     proc = start_agent(nats_server.url, run_dir, tmp_path / "sys", host_agent_config)
     yield nats_server.url, run_dir
     proc.terminate()
-    proc.wait(10)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # never leave an agent holding its ports for the tests after
+        proc.wait()
+        raise
 
 
 async def send(nc: nats.NATS, epoch: int) -> CommandReply:
