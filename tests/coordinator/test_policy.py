@@ -301,4 +301,5 @@ def test_a_node_that_came_back_after_being_left_out_is_evacuated_again() -> None
     back.excluded = {"node-1": Exclusion(reason="spot", since=0.0, until=1.0)}
     notice = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws")
     drain, restart = policy.on_condition(back, notice)
+    assert isinstance(drain, policy.DrainNode) and drain.node == "node-1"
     assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-1",)
