@@ -121,13 +121,13 @@ def test_stop_ends_a_job_whose_node_is_silent_and_its_orphan_is_killed_later(
         assert "node-1" in stopped["message"]
     # else node-1 was declared lost first (a slow machine): the stop met a job already
     # recovering without it, which it ends at once
-    orphans = [p for p in ranks if pid_alive(p)]
-    assert orphans, "nothing could stop node-1's rank while its agent was away"
-    ctl("inject", "node-1", "restart-agent")  # back: it reports the rank, which is killed
+    # node-1's rank ends by itself once its peers are gone, or, still running when its
+    # agent returns, is reported and killed as an orphan: either way none is left
+    ctl("inject", "node-1", "restart-agent")
     eventually(
-        lambda: not any(pid_alive(p) for p in orphans),
+        lambda: not any(pid_alive(p) for p in ranks),
         60,
-        lambda: f"orphan ranks {orphans} of the stopped job still run",
+        lambda: f"ranks {[p for p in ranks if pid_alive(p)]} of the stopped job still run",
         0.2,
     )
 
