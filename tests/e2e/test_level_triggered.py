@@ -5,6 +5,7 @@ a stop stops whatever the nodes say, and a lost node that comes back is taken ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -21,9 +22,13 @@ from proto.events import WorkerExited
 from proto.progress import BandwidthChecked, Finished
 from ringmaster.auth import connect_options
 from ringmaster.bus import event_subject
-from ringmaster.procs import pid_alive, read_pid
+from ringmaster.procs import pid_alive, read_pid, wait_until_async
 
 pytestmark = pytest.mark.slow
+
+
+async def _any(errors: list[str]) -> bool:
+    return bool(errors)
 
 
 async def _forge(ctl: Ctl, as_node: str, job: str, attempt: int, victim: str) -> list[str]:
@@ -55,7 +60,8 @@ async def _forge(ctl: Ctl, as_node: str, job: str, attempt: int, victim: str) ->
     other = WorkerExited(node=victim, job=job, rank=0, attempt=attempt, exit_code=1)
     await js.publish(subjects.event(local.cluster, "node", as_node, "worker.exited"), encode(other))
     await nc.flush()
-    await asyncio.sleep(0)  # let the error callback run
+    with contextlib.suppress(TimeoutError):  # the refusal comes back asynchronously
+        await wait_until_async(lambda: _any(errors), 10)
     await nc.close()
     return errors
 
