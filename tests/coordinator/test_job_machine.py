@@ -18,7 +18,7 @@ from test_jobs import Cluster, exited, rank0, spec
 
 from coordinator import job_machine
 from coordinator.cas import Conflict
-from coordinator.job_machine import TABLE, Input
+from coordinator.job_machine import PA, RE, TABLE, C, Input, P, R, S
 from coordinator.jobs import JobManager
 from proto.api import JobControl, SubmitJob
 from proto.job import Failure, JobRecord, JobState
@@ -26,14 +26,6 @@ from proto.node import Heartbeat, RankReport
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 
 pytestmark = pytest.mark.anyio
-P, S, R, PA, C, RE = (
-    JobState.PENDING,
-    JobState.STARTING,
-    JobState.RUNNING,
-    JobState.PAUSED,
-    JobState.CHECKPOINTING,
-    JobState.RECOVERING,
-)
 Drive = Callable[[Cluster, JobManager, str], Awaitable[None]]
 
 
