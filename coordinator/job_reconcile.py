@@ -51,7 +51,9 @@ class Reconciler:
         nodes = m.registry.nodes
         silent = m.registry.silent(list(nodes), now)
         for job in list(m.jobs.values()):
-            launched = m.launcher.launched_at.get((job.id, job.attempt), self.since)
+            attempt, launched = m.launcher.launched_at.get(job.id, (0, self.since))
+            if attempt != job.attempt:
+                launched = self.since  # launched by another leader: beats since takeover
 
             def settled(node: NodeInfo, launched: float = launched) -> bool:
                 return node.id not in silent and node.last_seen > launched + node.interval_s
@@ -72,12 +74,14 @@ class Reconciler:
             self._orphans_stopped[key] = now
             why = f"orphan: rank {report.rank} of attempt {report.attempt} that nothing expects"
             log.warning("stopping an orphan rank", node=orphan.node, job=report.job, why=why)
-            m._spawn(
+            m.spawn(
                 report.job,
                 f"orphan:{orphan.node}",
                 m.stopper.kill(report.job, [orphan.node], why, attempt=report.attempt),
             )
         self._orphans_seen = seen
+        # forget orphans no longer reported, so the record stays as small as what is seen
+        self._orphans_stopped = {k: t for k, t in self._orphans_stopped.items() if k in seen}
 
 
 def _exit_event(job: JobRecord, found: Exited | Missing) -> WorkerExited:

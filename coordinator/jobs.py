@@ -91,7 +91,7 @@ class JobManager(ProgressInputs):
             if job.state is JobState.RECOVERING and job.stopping_attempt:
                 self._stop_attempt(job, job.reason or "restart", graceful=job.stop_graceful)
             elif job.stopping and not job.state.terminal:
-                self._spawn(job.id, "stop", self._stop_job(job.id, job.reason))
+                self.spawn(job.id, "stop", self._stop_job(job.id, job.reason))
 
     async def save(self, job: JobRecord) -> None:
         """Compare-and-set; on a conflict the record another leader wrote replaces ours
@@ -110,7 +110,7 @@ class JobManager(ProgressInputs):
         for job_id in list(self._dirty):
             await self.save(self.jobs[job_id])
 
-    def _spawn(self, job: str, what: str, work: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, job: str, what: str, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` as a task (one per job and kind), logging its failure."""
 
         async def logged() -> None:
@@ -349,7 +349,7 @@ class JobManager(ProgressInputs):
                 job_machine.fire(current, Input.ATTEMPT_STOPPED)
                 await self.save(current)
 
-        self._spawn(job_id, "stop-attempt", stop())
+        self.spawn(job_id, "stop-attempt", stop())
 
     async def _resync(self, node: str, reason: str) -> None:
         """The agent steps its clock and reports ``clock.resynced`` with the offsets."""
@@ -379,7 +379,7 @@ class JobManager(ProgressInputs):
             await self._ended(job, row, reason)
             return
         await self.save(job)
-        self._spawn(job.id, "stop", self._stop_job(job.id, reason))
+        self.spawn(job.id, "stop", self._stop_job(job.id, reason))
 
     async def _stop_job(self, job_id: str, reason: str) -> None:
         job = self.jobs[job_id]
@@ -399,7 +399,7 @@ class JobManager(ProgressInputs):
         job.finished_at = time.time()
         await self.save(job)
         if Effect.KILL_RANKS in row.effects and job.nodes:
-            self._spawn(job.id, "kill", self.stopper.kill(job.id, list(job.nodes), reason))
+            self.spawn(job.id, "kill", self.stopper.kill(job.id, list(job.nodes), reason))
         event: EventBase
         if job.state is JobState.COMPLETED:
             event = JobCompleted(job=job.id, step=job.step, message=reason)
@@ -425,7 +425,7 @@ class JobManager(ProgressInputs):
                 for action in policy.waited_too_long(job, now):
                     await self.apply(job, action)
                 if not job.state.terminal and not self.busy(job.id, "launch"):
-                    self._spawn(job.id, "launch", self.start_pending(job))
+                    self.spawn(job.id, "launch", self.start_pending(job))
             elif why := grow_reason(job, self._free(job), now):
                 await self.apply(job, policy.RestartJob(why, graceful=True))
             elif self._bounding_due(job, now):

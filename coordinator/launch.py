@@ -43,9 +43,9 @@ class Launcher:
         self.cmd, self.registry, self.publish, self.save = cmd, registry, publish, save
         self._waiting_logged: dict[str, str] = {}
         self._refusals: dict[str, dict[str, str]] = {}
-        # when each attempt's launch was answered by every node (monotonic): its nodes'
-        # beats after this list its ranks (coordinator.reconcile)
-        self.launched_at: dict[tuple[str, int], float] = {}
+        # each job's newest attempt and when every node answered its launch (monotonic):
+        # its nodes' beats after this list its ranks (coordinator.reconcile)
+        self.launched_at: dict[str, tuple[int, float]] = {}
 
     async def start(self, job: JobRecord, busy: set[str]) -> bool:
         """One try at starting ``job``'s next attempt; True when every node launched.
@@ -121,7 +121,7 @@ class Launcher:
             fire(job, Input.UNDO_RELAUNCH if restarting else Input.UNDO_FIRST_LAUNCH)
             await self.save(job)
             return False
-        self.launched_at[(job.id, job.attempt)] = time.monotonic()
+        self.launched_at[job.id] = (job.attempt, time.monotonic())
         job.reason = ""
         if spec.entry:
             fire(job, Input.TRAINING)  # a user's script sends no progress: running now

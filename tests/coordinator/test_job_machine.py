@@ -181,7 +181,7 @@ async def test_a_missed_exit_is_found_by_reconciliation_within_a_beat() -> None:
     m = c.leader()
     job_id = await reach(c, m, R)
     job = m.jobs[job_id]
-    m.launcher.launched_at[(job_id, job.attempt)] = -1e9  # launched long before the beat
+    m.launcher.launched_at[job_id] = (job.attempt, -1e9)  # launched long before the beat
     ranks = [
         RankReport(job=job_id, rank=1, attempt=job.attempt, pid=10_001, alive=False, exit_code=1)
     ]
