@@ -39,7 +39,8 @@ import torch.distributed as dist
 from torch import nn
 
 from trainer import durable
-from trainer.checkpoint import Checkpointer, Coordination, HostBuffers, default_staging_dir
+from trainer.checkpoint import Checkpointer, HostBuffers, default_staging_dir
+from trainer.coordination import Coordination
 from trainer.dcp_async import DcpState
 from trainer.log import read
 

@@ -59,8 +59,10 @@ def recovered(records: list[Record], fault_at: float) -> tuple[float, float, int
 
 
 def newest_step(records: list[Record], before: float) -> int:
+    """The step of the last step line logged by ``before`` (0: none): after a rewind to a
+    checkpoint, the step trained to since, not the furthest step ever reached."""
     steps = [int(r.fields["step"]) for r in records if r.event == "step" and r.wall <= before]
-    return max(steps, default=0)
+    return steps[-1] if steps else 0
 
 
 def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float) -> T | None:

@@ -278,7 +278,8 @@ def checkpoint_stall(
     import torch.distributed as dist
 
     from trainer import durable
-    from trainer.checkpoint import Checkpointer, Coordination, HostBuffers, default_staging_dir
+    from trainer.checkpoint import Checkpointer, HostBuffers, default_staging_dir
+    from trainer.coordination import Coordination
     from trainer.dcp_async import DcpState
 
     model, autocast = build("bf16", run)

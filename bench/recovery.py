@@ -1,7 +1,7 @@
 """Recovery time per fault class, Ringmaster against torchrun elastic, in the same run.
 
     .venv/bin/python bench/recovery.py [--steps 3000] [--only ringmaster|torchrun]
-        [--cap 150] [--json OUT.json]
+        [--memory both|on|off] [--no-baseline] [--cap 150] [--json OUT.json]
 
 Ringmaster: ``coordinatorctl up --nodes 4``, one 2-rank ``examples/tiny.toml`` job
 (checkpoint every 100 steps, ``job.min_nodes=1``, default policy), and the faults one after
@@ -9,6 +9,8 @@ another on the same job, each once the job has trained 30 steps since the last:
 ``kill-worker`` on the second node, ``lose-node`` on the second node, ``lose-node`` on the
 rendezvous master's node, ``hang`` (SIGSTOP) of a rank, ``spot-notice=20``. Then the job
 must complete; its final loss is printed beside an uninterrupted run's from the same seed.
+``--memory both`` (the default) runs that job twice, with the memory tier on and off
+(``checkpoint.memory_tier=false``), for the two columns of the same run.
 
 torchrun: two ``torchrun --nnodes=1:2 --rdzv-backend=c10d`` agents on this machine (one
 rank each, the first hosts the rendezvous store: the "master node"), the same trainer and
@@ -92,11 +94,12 @@ def _trained(ctl: Ctl, job: str, step: int, timeout: float) -> dict | None:  # t
 
 
 def ringmaster(
-    steps: int, cap: float, gap: float, root: Path
+    steps: int, cap: float, gap: float, root: Path, memory: bool, baseline: bool
 ) -> tuple[list[Result], dict[str, object]]:
     root.mkdir(parents=True, exist_ok=True)
     ctl = Ctl(root / "cluster", root)
     sets = ["--set", f"train.steps={steps}", "--set", "checkpoint.every_steps=100"]
+    sets += ["--set", f"checkpoint.memory_tier={'true' if memory else 'false'}"]
     ctl("up", "--nodes", "4")
     results: list[Result] = []
     try:
@@ -122,6 +125,8 @@ def ringmaster(
             600,
             1.0,
         )
+        if not baseline:
+            return results, {"job": final, "faulted_loss": (final or {}).get("loss")}
         # the uninterrupted run gets a cluster of its own: the faults left this one short
         ctl("down")
         ctl("up", "--nodes", "2")
@@ -252,18 +257,21 @@ def _cell(r: Result | None) -> str:
     return f"{r.seconds:.1f} s ({r.redone} redone)"
 
 
-def table(ours: list[Result], theirs: list[Result]) -> str:
-    by_ours = {r.fault: r for r in ours}
-    by_theirs = {r.fault: r for r in theirs}
-    rows = ["| fault | Ringmaster | torchrun elastic | ratio |", "|---|---|---|---|"]
+def table(columns: dict[str, list[Result]]) -> str:
+    """One row per fault, one column per run; the ratio of the last column (torchrun,
+    when run) to the first."""
+    by = {name: {r.fault: r for r in results} for name, results in columns.items() if results}
+    names = list(by)
+    rows = ["| fault | " + " | ".join(names) + " | ratio |", "|---" * (len(names) + 2) + "|"]
     for fault in FAULTS:
-        a, b = by_ours.get(fault), by_theirs.get(fault)
+        cells = [by[n].get(fault) for n in names]
+        a, b = cells[0], cells[-1]
         ratio = "—"
-        if a and b and a.seconds and b.seconds:
+        if len(cells) > 1 and a and b and a.seconds and b.seconds:
             ratio = f"{b.seconds / a.seconds:.1f}×"
-        elif a and a.seconds and b and b.seconds is None:
-            ratio = "∞ (torchrun never recovers)"
-        rows.append(f"| {fault} | {_cell(a)} | {_cell(b)} | {ratio} |")
+        elif len(cells) > 1 and a and a.seconds and b and b.seconds is None:
+            ratio = f"∞ ({names[-1]} never recovers)"
+        rows.append(f"| {fault} | " + " | ".join(_cell(c) for c in cells) + f" | {ratio} |")
     return "\n".join(rows)
 
 
@@ -274,42 +282,51 @@ def main() -> int:
     parser.add_argument("--cap", type=float, default=150.0)
     parser.add_argument("--gap", type=float, default=GAP_S)
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    parser.add_argument("--memory", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted run")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    ours: list[Result] = []
-    theirs: list[Result] = []
-    summary: dict[str, object] = {}
+    runs: dict[str, list[Result]] = {}
+    summaries: dict[str, dict[str, object]] = {}
+    tiers = {"both": (True, False), "on": (True,), "off": (False,)}[args.memory]
     with tempfile.TemporaryDirectory(prefix="ringmaster-recovery-") as tmp:
         root = Path(tmp)
         if args.only != "torchrun":
-            print("Ringmaster: one job, the faults one after another", file=sys.stderr)
-            ours, summary = ringmaster(args.steps, args.cap, args.gap, root / "ringmaster")
+            for i, memory in enumerate(tiers):
+                name = f"Ringmaster, memory tier {'on' if memory else 'off'}"
+                print(f"{name}: one job, the faults one after another", file=sys.stderr)
+                baseline = i == 0 and not args.no_baseline
+                work = root / f"ringmaster-{'on' if memory else 'off'}"
+                runs[name], summaries[name] = ringmaster(
+                    args.steps, args.cap, args.gap, work, memory, baseline
+                )
         if args.only != "ringmaster":
             print("torchrun elastic: a fresh pair of agents per fault", file=sys.stderr)
+            theirs = runs.setdefault("torchrun elastic", [])
             for fault in args.faults:
                 theirs.append(
                     torchrun_trial(fault, args.steps, args.cap, args.gap, root / "torchrun")
                 )
                 print(f"  {fault}: {theirs[-1]}", file=sys.stderr)
-    print(table(ours, theirs))
-    if summary:
+    print(table(runs))
+    for name, summary in summaries.items():
         job = summary.get("job") or {}
         assert isinstance(job, dict)
+        plain = summary.get("uninterrupted_loss")
         print(
-            f"\njob {job.get('state')} at step {job.get('step')}, restarts "
-            f"{job.get('restarts')}; final loss {summary['faulted_loss']} vs "
-            f"{summary['uninterrupted_loss']} uninterrupted"
+            f"\n{name}: job {job.get('state')} at step {job.get('step')}, restarts "
+            f"{job.get('restarts')}; final loss {summary['faulted_loss']}"
+            + (f" vs {plain} uninterrupted" if plain is not None else "")
         )
-        seconds = [r.seconds for r in ours if r.seconds is not None]
+        seconds = [r.seconds for r in runs[name] if r.seconds is not None]
         if seconds:
             print(f"median {statistics.median(seconds):.1f} s, worst {max(seconds):.1f} s")
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
-                    "ringmaster": [asdict(r) for r in ours],
-                    "torchrun": [asdict(r) for r in theirs],
-                    "summary": summary,
+                    "runs": {name: [asdict(r) for r in results] for name, results in runs.items()},
+                    "summaries": summaries,
                 },
                 indent=2,
                 default=str,

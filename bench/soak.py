@@ -60,7 +60,7 @@ from bench.soak_plan import (
 from bench.soak_report import report
 from bench.soak_watch import Events, Sampler, leftovers
 from coordinator.ctl.home import pid_file
-from coordinator.ctl.local import _spawn
+from coordinator.ctl.spawn import spawn
 from ringmaster.procs import read_pid
 
 STEPS_PER_S = 50  # more than tiny trains on a CPU: the job outlasts the soak
@@ -118,7 +118,7 @@ class Soak:
         return f"killed {leaders[0]} (pid {pid})"
 
     def start_coordinator(self, ctx: dict[str, Any]) -> str:
-        _spawn(ctx["target"], ctx["argv"], self.ctl.home)
+        spawn(ctx["target"], ctx["argv"], self.ctl.home)
         return f"started {ctx['target']} again"
 
     def freeze_bus(self, ctx: dict[str, Any]) -> str:

@@ -2,11 +2,12 @@
 step-boundary control word (checkpoint stalls: ``bench/checkpoint_bench.py``).
 
     .venv/bin/python bench/trainer_bench.py [--steps 60] [--control-steps 400] [--control-rounds 6]
-        [--parts throughput control exchange]
+        [--memory-steps 300] [--memory-rounds 4] [--parts throughput control exchange memory]
 
 Throughput and control cost run the real worker as 2 gloo ranks (one thread each) and
 read its progress through a fake agent; the isolated exchange timing calls the real
-:class:`trainer.control.StepControl` on 2 spawned ranks.
+:class:`trainer.control.StepControl` on 2 spawned ranks. Each rank is its own node
+(``RINGMASTER_NODE``), so the memory tier copies every snapshot to the other rank.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def run_job(workdir: Path, spec: JobSpec, env: dict[str, str]) -> list[StepDone]
                 "RINGMASTER_JOB_ID": f"bench-{workdir.name}",
                 "RINGMASTER_WORKDIR": str(workdir),
                 "RINGMASTER_CONTROL_SOCKET": str(agent.path),
+                "RINGMASTER_NODE": f"bench-node-{rank}",
             },
         )
         for rank in range(WORLD)
@@ -195,12 +197,48 @@ def exchange_cost(calls: int = 5000) -> None:
     )
 
 
+def memory_cost(root: Path, steps: int, rounds: int) -> None:
+    """Step time with the memory tier on over off, for ``examples/tiny.toml``'s training
+    (DeepSpeed ZeRO-1, float8 tensorwise) and no durable checkpoint but the last: the
+    mean time between consecutive StepDone reports after the first fifth (a mean, not a
+    median: a snapshot every few steps is exactly what a median would hide). Each round
+    runs the job once with the tier and once without, back to back; the figure is the
+    median of the rounds' ratios, beside the cadence and snapshot cost rank 0 logged."""
+    base = spec("fp8", steps, "deepspeed")
+    train = msgspec.structs.replace(
+        base.train, fp8_recipe="tensorwise", micro_batch_size=4, zero_stage=1
+    )
+    ratios, logged = [], []
+    for i in range(rounds):
+        mean_s = {}
+        for label, on in (("on", True), ("off", False)):
+            ckpt = msgspec.structs.replace(base.checkpoint, memory_tier=on)
+            job = msgspec.structs.replace(base, train=train, checkpoint=ckpt)
+            workdir = root / f"memory-{label}-{i}"
+            done = run_job(workdir, job, {})[steps // 5 :]
+            mean_s[label] = (done[-1].time - done[0].time) / (len(done) - 1)
+            if on:
+                lines = (workdir / "rank-0.log").read_text().splitlines()
+                logged += [ln for ln in lines if "event=memory_tier step=" in ln][-1:]
+                logged += [ln for ln in lines if "event=finished" in ln][-1:]
+        ratios.append(mean_s["on"] / mean_s["off"])
+    print(
+        f"step time with the memory tier / without: {statistics.median(ratios):.3f} "
+        f"(median of {rounds} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; tiny "
+        f"deepspeed ZeRO-1 fp8 tensorwise, micro_batch 4 x seq 128, {steps} steps a run)"
+    )
+    for line in logged[-2:]:
+        print("  rank 0:", line.split("event=", 1)[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60, help="steps per throughput run")
     parser.add_argument("--control-steps", type=int, default=400)
     parser.add_argument("--control-rounds", type=int, default=6)
-    parts = ("throughput", "control", "exchange")
+    parser.add_argument("--memory-steps", type=int, default=300)
+    parser.add_argument("--memory-rounds", type=int, default=4)
+    parts = ("throughput", "control", "exchange", "memory")
     parser.add_argument("--parts", nargs="+", choices=parts, default=list(parts))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -212,6 +250,8 @@ def main() -> None:
             control_cost(root, args.control_steps, args.control_rounds)
         if "exchange" in args.parts:
             exchange_cost()
+        if "memory" in args.parts:
+            memory_cost(root, args.memory_steps, args.memory_rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

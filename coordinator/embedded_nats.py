@@ -74,13 +74,15 @@ def start_nats_server(
     detach: bool = False,
     config: Path | None = None,
     timeout: float = 15.0,
+    host: str = "127.0.0.1",
 ) -> NatsServer:
     """Start nats-server with JetStream stored under ``run_dir``; return once it listens.
 
     ``detach`` starts it in its own session so it outlives the caller (``coordinatorctl up``).
     ``cluster_port``/``routes`` join it to a cluster (routes, R3 streams).
     ``config`` is a config file (``-c``), e.g. the ``authorization`` users of
-    ``coordinator.auth``; the flags here override what it sets.
+    ``coordinator.auth``; the flags here override what it sets. ``host``: the address it
+    listens on (``up --netns``: the host's on the control bridge).
     """
     run_dir.mkdir(parents=True, exist_ok=True)
     ports_dir = run_dir / "ports"
@@ -90,7 +92,7 @@ def start_nats_server(
     args = [
         str(nats_server_binary()),
         "-a",
-        "127.0.0.1",
+        host,
         "-p",
         str(port),
         "-n",
@@ -102,7 +104,7 @@ def start_nats_server(
         str(ports_dir),
     ]
     if config is not None:
-        args[1:1] = ["-c", str(config)]
+        args[1:1] = ["-c", str(_reloadable(run_dir, config, name))]
     if cluster_port is not None:
         args += ["--cluster_name", "ringmaster", "--cluster", f"nats://127.0.0.1:{cluster_port}"]
         if routes:
@@ -134,6 +136,16 @@ def start_nats_server(
         time.sleep(0.02)
     proc.kill()
     raise RuntimeError(f"nats-server did not report its port within {timeout:.0f} s")
+
+
+def _reloadable(run_dir: Path, config: Path, name: str) -> Path:
+    """A config file that names the server and includes ``config``. A reload (SIGHUP:
+    ``coordinatorctl join`` adding a user) re-reads the file, not the flags, and refuses a
+    server name gone from the flag's to none; NATS resolves an include beside the file."""
+    wrapper = run_dir / "server.conf"
+    include = os.path.relpath(config.resolve(), run_dir.resolve())
+    wrapper.write_text(f"server_name: {json.dumps(name)}\ninclude {json.dumps(include)}\n")
+    return wrapper
 
 
 def start_nats_cluster(run_dir: Path, size: int = 3) -> list[NatsServer]:

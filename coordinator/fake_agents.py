@@ -14,7 +14,9 @@ from proto.commands import CommandBase, CommandReply, Launch, ReservePort
 
 @dataclass
 class FakeAgents:
-    """Every node's agent. ``down`` nodes do not answer; ``failing`` ones answer errors."""
+    """Every node's agent. ``down`` nodes do not answer; ``failing`` ones answer errors;
+    a launch on a node in ``slow`` is answered once ``go`` is set (a node whose ranks take
+    long to start)."""
 
     port: int = 29500
     epoch_seen: dict[str, int] = field(default_factory=dict)
@@ -22,6 +24,8 @@ class FakeAgents:
     refused: list[tuple[str, CommandBase]] = field(default_factory=list)
     down: set[str] = field(default_factory=set)
     failing: dict[str, str] = field(default_factory=dict)
+    slow: set[str] = field(default_factory=set)
+    go: asyncio.Event = field(default_factory=asyncio.Event)
 
     def sender(self, me: str, epoch: Callable[[], int]) -> FakeSender:
         """The command channel of a coordinator called ``me`` leading at ``epoch()``."""
@@ -63,6 +67,8 @@ class FakeSender:
     async def send(self, node: str, cmd: CommandBase, timeout: float = 10.0) -> CommandReply:
         cmd.epoch, cmd.issued_by = self.epoch(), self.me
         await asyncio.sleep(0)  # a real request yields to the loop
+        if isinstance(cmd, Launch) and node in self.agents.slow:
+            await self.agents.go.wait()
         return self.agents.handle(node, cmd)
 
     async def send_all(

@@ -11,11 +11,19 @@ Time without a step is productive only up to the job's hang threshold (the same
 ``max(hang_step_factor × step time, hang_floor_s)`` the agents judge hangs by): past it,
 whatever the cause and whether or not anything noticed, nothing trains, and it is
 ``recovery``.
+
+Boundaries are the ranks' own stamps, not the arrival of their reports: a report can
+reach the coordinator seconds late (a loaded node, a retried publish), and the ledger
+must not charge that delivery as start-up or as a stall. A report's stamp moves a
+boundary back at most ``MAX_LAG_S`` (a clock far off, or a forged stamp, skews one
+boundary by that much at most) and never into the future.
 """
 
 from __future__ import annotations
 
 from proto.job import GOODPUT_BUCKETS, JobRecord, JobState
+
+MAX_LAG_S = 30.0  # the furthest back a rank's stamp moves a boundary
 
 BUCKET_OF_STATE = {
     JobState.STARTING: "startup",
@@ -43,9 +51,43 @@ def account(job: JobRecord, now: float) -> None:
         stalled_from = max(last, job.last_step_at + stall_threshold(job))
         if stalled_from < now:
             job.goodput["recovery"] = job.goodput.get("recovery", 0.0) + (now - stalled_from) * gpus
+            job.stalled_gpu_s += (now - stalled_from) * gpus
             now = stalled_from
     if now > last:
         job.goodput[bucket] = job.goodput.get(bucket, 0.0) + (now - last) * gpus
+
+
+def stamp(sent: float, now: float) -> float:
+    """A rank's stamp as a boundary: within ``MAX_LAG_S`` before ``now``; none: ``now``."""
+    return min(now, max(sent, now - MAX_LAG_S)) if sent > 0 else now
+
+
+def _move(job: JobRecord, gpu_s: float, source: str, target: str) -> None:
+    take = min(max(0.0, gpu_s), job.goodput.get(source, 0.0))
+    job.goodput[source] = job.goodput.get(source, 0.0) - take
+    job.goodput[target] = job.goodput.get(target, 0.0) + take
+
+
+def began_training(job: JobRecord, at: float, now: float) -> None:
+    """The first step of an attempt, finished at ``at`` and reported at ``now``: the job
+    was charged to start-up (or recovery, after a fault) until now; from ``at`` on it
+    trained. Call before the state moves to RUNNING."""
+    account(job, now)
+    at = max(at, job.attempt_started_at or at)  # never into an earlier attempt's time
+    source = BUCKET_OF_STATE[JobState.STARTING] if not job.restarts else "recovery"
+    _move(job, (now - at) * job.world_size, source, "productive")
+    job.last_step_at, job.stalled_gpu_s = at, 0.0
+
+
+def stepped(job: JobRecord, at: float, now: float) -> None:
+    """A step finished at ``at``, reported at ``now``: of what was charged as a stall
+    since the previous step, only the gap between the two steps past the threshold is
+    one; the rest was training whose reports were late."""
+    account(job, now)
+    if job.last_step_at is not None and job.stalled_gpu_s > 0:
+        gap = max(0.0, at - job.last_step_at - stall_threshold(job)) * job.world_size
+        _move(job, job.stalled_gpu_s - gap, "recovery", "productive")
+    job.last_step_at, job.stalled_gpu_s = max(at, job.last_step_at or at), 0.0
 
 
 def stall_threshold(job: JobRecord) -> float:
@@ -56,10 +98,8 @@ def stall_threshold(job: JobRecord) -> float:
 
 def move_stall(job: JobRecord, seconds: float) -> None:
     """A checkpoint stall already counted as productive time moves to its own bucket."""
-    gpu_s = max(0.0, seconds) * job.world_size  # a negative stall is rank 0's garbage
-    take = min(gpu_s, job.goodput.get("productive", 0.0))
-    job.goodput["productive"] = job.goodput.get("productive", 0.0) - take
-    job.goodput["checkpoint_stall"] = job.goodput.get("checkpoint_stall", 0.0) + take
+    # a negative stall is rank 0's garbage
+    _move(job, seconds * job.world_size, "productive", "checkpoint_stall")
 
 
 def charge_lost_work(job: JobRecord, resumed_at_step: int) -> None:
@@ -88,9 +128,8 @@ def charge_detection(job: JobRecord, now: float) -> None:
     account(job, now)
     # only the part of the gap below the stall threshold was counted productive
     gpu_s = max(0.0, min(now - job.last_step_at, stall_threshold(job))) * job.world_size
-    take = min(gpu_s, job.goodput.get("productive", 0.0))
-    job.goodput["productive"] = job.goodput.get("productive", 0.0) - take
-    job.goodput["recovery"] = job.goodput.get("recovery", 0.0) + take
+    _move(job, gpu_s, "productive", "recovery")
+    job.stalled_gpu_s = 0.0  # what the stall rule charged stays recovery
 
 
 def observe_step_time(job: JobRecord, seconds: float, first: bool) -> None:

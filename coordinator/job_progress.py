@@ -9,7 +9,15 @@ import time
 from collections.abc import Awaitable, Callable
 
 from coordinator import job_machine, policy
-from coordinator.goodput import account, charge_lost_work, move_stall, observe_step_time
+from coordinator.goodput import (
+    account,
+    began_training,
+    charge_lost_work,
+    move_stall,
+    observe_step_time,
+    stamp,
+    stepped,
+)
 from proto.events import (
     EventBase,
     JobAtRisk,
@@ -86,14 +94,20 @@ class ProgressInputs:
                 self._arrival[job.id] = (step, now_m)
                 observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
                 self._stepped_at[job.id] = now_m
-                job.last_step_at = time.time()
+                now = time.time()
+                at = stamp(msg.time, now)
                 if step % job.spec.checkpoint.every_steps == 0:
                     self._checkpoint_began[job.id] = (step, time.monotonic())
+                if job.state is JobState.STARTING:
+                    began_training(job, at, now)
+                else:
+                    stepped(job, at, now)
                 if job_machine.fire(job, job_machine.Input.TRAINING) is not None:
-                    job.first_step_at = job.first_step_at or time.time()
+                    job.first_step_at = job.first_step_at or now
                     if job.restarts:
                         charge_lost_work(job, step - 1)
                 job.step, job.loss = step, loss
+                job.memory_step = msg.memory_step  # None again after a rewind
                 job_machine.trained_to(job, step)
                 job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
                 if msg.compile_s is not None:

@@ -31,6 +31,7 @@ from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
 from coordinator.jobstore import JobStore
 from coordinator.launch import Launcher
+from coordinator.reconcile import peers_stepped_on
 from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
 from proto.api import ApiReply, JobControl, SubmitJob
@@ -224,7 +225,10 @@ class JobManager(ProgressInputs):
                 now = time.monotonic()
                 silent = self.registry.silent(job.nodes, now) | await self.stopper.unreachable(job)
             progressing = self._stepped_since_silent(job, event)
-            for action in policy.decide(job, event, silent, progressing=progressing):
+            judged = isinstance(event, WorkerHung) or self._failed_rank(job, event)
+            links = self.registry.link_conditions(job.nodes) if judged else {}
+            actions = policy.decide(job, event, silent, progressing=progressing, links=links)
+            for action in actions:
                 await self.apply(job, action)
 
     async def _warn_at_risk(self, job: JobRecord, node: str, window_s: float) -> None:
@@ -265,12 +269,16 @@ class JobManager(ProgressInputs):
 
     def _stepped_since_silent(self, job: JobRecord, event: EventBase) -> bool:
         """For a node declared lost: rank 0 reported a step after the node had already
-        missed beats, so the job's ranks, that node's included, still step together."""
+        missed beats, or the ranks on the other nodes stepped on past rank 0's word (which
+        comes through that very node when rank 0 is there: ``reconcile.peers_stepped_on``),
+        so the job's ranks, that node's included, still step together."""
         node = self.registry.nodes.get(event.node or "")
         if not isinstance(event, NodeLost) or node is None:
             return False
         overdue = node.last_seen + 1.5 * node.interval_s
-        return self._stepped_at.get(job.id, -1e18) > overdue
+        if self._stepped_at.get(job.id, -1e18) > overdue:
+            return True
+        return peers_stepped_on(job, self.registry.nodes, node.id)
 
     # -- actions ----------------------------------------------------------------------
 

@@ -70,6 +70,7 @@ async def ensure_layout(js: JetStreamContext, cluster: str, replicas: int = 1) -
             retention=RetentionPolicy.LIMITS,
             max_age=7 * 24 * 3600,
             max_bytes=1 << 30,
+            duplicate_window=120,  # an agent's retried publish (Nats-Msg-Id) is stored once
             storage=StorageType.FILE,
             num_replicas=replicas,
         ),

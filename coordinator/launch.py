@@ -8,6 +8,7 @@ told to start ranks, so a deposed leader cannot launch what its successor does n
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -19,6 +20,7 @@ from coordinator.job_machine import Input, fire
 from coordinator.policy import minimum_nodes
 from coordinator.registry import Registry
 from coordinator.rendezvous import admit, plan
+from coordinator.resume_point import Tier, expected_resume
 from proto.commands import Launch, ReservePort, Stop
 from proto.events import (
     EventBase,
@@ -43,8 +45,9 @@ class Launcher:
         self.cmd, self.registry, self.publish, self.save = cmd, registry, publish, save
         self._waiting_logged: dict[str, str] = {}
         self._refusals: dict[str, dict[str, str]] = {}
-        # each job's newest attempt and when every node answered its launch (monotonic):
-        # its nodes' beats after this list its ranks (coordinator.reconcile)
+        # each job's newest attempt and when every node answered its launch (monotonic;
+        # inf while one is in flight): its nodes' beats after this list its ranks
+        # (coordinator.reconcile)
         self.launched_at: dict[str, tuple[int, float]] = {}
 
     async def start(self, job: JobRecord, busy: set[str]) -> bool:
@@ -80,7 +83,7 @@ class Launcher:
         if not reply.ok:
             job.reason = f"master {nodes[0]} could not reserve a port: {reply.error}"
             return False
-        previous = job.world_size
+        previous, previous_nodes = job.world_size, job.nodes
         job.attempt += 1
         job.exited_ranks, job.finished = {}, ""
         job.nodes, job.world_size = nodes, len(nodes) * spec.gpus_per_node
@@ -89,8 +92,11 @@ class Launcher:
         job.master_addr, job.master_port = adm.chosen[0].addr, reply.port
         job.started_at = job.started_at or time.time()
         fire(job, Input.LAUNCH)
+        # until every node has answered, a node's beat may not list a rank it is starting
+        self.launched_at[job.id] = (job.attempt, math.inf)
         await self.save(job)
         plans = plan(adm.chosen, spec.gpus_per_node, reply.port, spec.env)
+        probes = {n.id: f"{n.addr}:{n.probe_port}" for n in adm.chosen if n.probe_port}
         timeout = 30 + (spec.pre_start_timeout_s if spec.pre_start else 0)
         replies = await asyncio.gather(
             *(
@@ -105,6 +111,7 @@ class Launcher:
                         workdir=job.workdir,
                         attempt=job.attempt,
                         pre_start=spec.pre_start,
+                        peers={n: a for n, a in probes.items() if n != p.node},
                     ),
                     timeout=timeout,
                 )
@@ -127,7 +134,14 @@ class Launcher:
             fire(job, Input.TRAINING)  # a user's script sends no progress: running now
         await self.explain(job, adm.skipped)
         await self.save(job)
-        await self.publish(self._started(job, restarting, adm.skipped))
+        resume = expected_resume(
+            previous_nodes,
+            job.nodes,
+            job.world_size == previous,
+            job.memory_step,
+            job.last_checkpoint_step,
+        )
+        await self.publish(self._started(job, restarting, adm.skipped, resume))
         if previous and job.world_size != previous:
             await self.publish(self._resized(job, previous))
         return True
@@ -147,16 +161,19 @@ class Launcher:
         )
 
     @staticmethod
-    def _started(job: JobRecord, restarting: bool, skipped: dict[str, str]) -> EventBase:
+    def _started(
+        job: JobRecord, restarting: bool, skipped: dict[str, str], resume: tuple[Tier, int]
+    ) -> EventBase:
         message = f"{job.world_size} ranks on {', '.join(job.nodes)}; master {job.master_addr}"
         if restarting:
+            tier, step = resume
             return JobRestarted(
                 job=job.id,
                 restarts=job.restarts,
                 world_size=job.world_size,
                 nodes=job.nodes,
-                from_step=job.last_checkpoint_step or 0,
-                message=message,
+                from_step=step,
+                message=f"{message}; resume: {tier} step {step}",
             )
         if job.resume_step is None:
             origin = "fresh start"

@@ -12,8 +12,10 @@ faults never resume the job early. The reasons are computed here and nowhere els
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator import network_culprit
 from coordinator.job_machine import rewind_spent
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited, WorkerHung
@@ -119,12 +121,16 @@ def decide(
     silent: frozenset[str] = frozenset(),
     *,
     progressing: bool = False,
+    links: Mapping[str, Sequence[Condition]] | None = None,
 ) -> list[Action]:
     """The job's reaction to one event: its condition if it carries one, else its kind.
     ``silent``: nodes whose agents have missed a beat or did not answer a ping; a rank's
     exit that restarts the job excludes them, since a dead machine's peers exit first and
     its own loss is seconds away (one fault, one restart). ``progressing``: rank 0 reported
-    a step within the last few heartbeats, so every rank is alive (they step together)."""
+    a step within the last few heartbeats, so every rank is alive (they step together).
+    ``links``: the open network conditions of the job's nodes (their links, and the peers
+    each cannot reach), the evidence for a hang or failure no node can pin on a rank of
+    its own (:mod:`coordinator.network_culprit`)."""
     if event.condition is not None:
         return on_condition(job, event.condition)
     if job.state not in LIVE or (event.node is not None and event.node not in job.nodes):
@@ -143,10 +149,32 @@ def decide(
             gone = tuple(sorted(silent & set(job.nodes)))
             if gone:
                 why += f"; {', '.join(gone)} silent, left out"
+            # a collective's peer cut off from the rest fails the ranks waiting on it
+            cut = {
+                n: r for n, r in network_culprit.cut_off(job, links or {}).items() if n not in gone
+            }
+            if cut:
+                why += "; " + "; ".join(f"{n}: {r}" for n, r in cut.items()) + ", left out"
+                gone = tuple(sorted({*gone, *cut}))
             failure = Failure(node=node, rank=rank, cause=exit_cause(event), step=job.step)
             return [RestartJob(why, gone, failure)]
         case WorkerHung(attempt=attempt) if attempt != job.attempt:
             return []
+        case WorkerHung(culprit_unknown=True, rank=rank, step=step) if (
+            suspects := network_culprit.link_suspects(job, links or {})
+            or network_culprit.cut_off(job, links or {})
+        ):
+            # Every stalled rank waits in a collective, and some node's network path is
+            # faulty: that node is the culprit, not the one whose rank happened to report.
+            said = "; ".join(f"{n}: {r}" for n, r in suspects.items())
+            why = (
+                f"rank {rank} on {event.node} and its peers wait in a collective after step "
+                f"{step}, with a faulty network path on {said}; left out"
+            )
+            left_out = tuple(suspects)
+            return [
+                RestartJob(why, left_out, Failure(node=left_out[0], cause="network", step=job.step))
+            ]
         case WorkerHung(node=str(node), rank=rank, step=step, evidence=evidence):
             why = f"rank {rank} on {node} hung after step {step} ({evidence})"
             repeated = job.hangs.get(node, 0) >= 2
@@ -202,6 +230,11 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
             return _hold(job, cond, f"NVMe {cond.subject} on {node}{at}")
         case ConditionKind.NVME_READONLY:
             return _evacuate(job, node, f"NVMe {cond.subject} on {node} turned read-only")
+        case ConditionKind.NET_LINK:
+            # The ranks' collectives cross this link: none reaches the next step boundary,
+            # so waiting there for a checkpoint would only spend the stop's grace.
+            why = f"data link down on {node}: {cond.reason or cond.subject}"
+            return _evacuate(job, node, why, graceful=False)
         case ConditionKind.PREEMPTION:
             return _evacuate(job, node, f"preemption notice on {node} ({cond.subject})")
         case ConditionKind.GPU_THERMAL if cond.severity is Severity.CRITICAL:
@@ -329,11 +362,12 @@ def _release(job: JobRecord, cond: Condition) -> list[Action]:
     return [ResumeJob(cond.key, why, reasons, send=not reasons and job.state in LIVE)]
 
 
-def _evacuate(job: JobRecord, node: str, why: str) -> list[Action]:
-    """Take the node out and continue without it, from a checkpoint of the step the ranks
-    are at (a graceful restart: nothing is lost while the node still runs)."""
+def _evacuate(job: JobRecord, node: str, why: str, *, graceful: bool = True) -> list[Action]:
+    """Take the node out and continue without it, by default from a checkpoint of the step
+    the ranks are at (a graceful restart: nothing is lost while the node still runs); not
+    graceful: from the newest checkpoint, where the ranks cannot reach a step boundary."""
     failure = Failure(node=node, cause="evacuated", step=job.step)
-    return [DrainNode(node, why), RestartJob(why, (node,), failure, graceful=True)]
+    return [DrainNode(node, why), RestartJob(why, (node,), failure, graceful=graceful)]
 
 
 def on_rewound(job: JobRecord, msg: Rewound) -> list[Action]:

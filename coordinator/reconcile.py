@@ -118,3 +118,19 @@ def _unexpected(job: JobRecord | None, node: str, report: RankReport) -> bool:
     if report.attempt < job.attempt or job.state in (JobState.PENDING, JobState.RECOVERING):
         return True
     return hosts(job).get(report.rank) != node
+
+
+def peers_stepped_on(job: JobRecord, nodes: Mapping[str, NodeInfo], silent: str) -> bool:
+    """Whether a rank of the current attempt on a node other than ``silent`` reports, in
+    its node's beat, a step at least two past rank 0's newest word (``job.step``). No step
+    completes without every rank's part in its collectives, so the silent node's ranks
+    step too, even with rank 0 among them, whose word its node's agent relays. Two: the
+    peers of a rank 0 that died with its agent may finish the step it did not report,
+    never the one after."""
+    ranks = hosts(job)
+    return any(
+        r.job == job.id and r.attempt == job.attempt and r.last_step >= job.step + 2
+        for node_id in set(ranks.values()) - {silent}
+        if (node := nodes.get(node_id)) is not None
+        for r in node.ranks
+    )

@@ -5,14 +5,20 @@ A node's conditions are a mirror of its agent's: each heartbeat carries the agen
 active set and replaces the mirror, and an event that opens or closes a condition updates
 it at once, between beats. The agent is the one source of truth; the coordinator adds only
 what it alone can know (a lost heartbeat, a drain).
+
+A node condition at ``info`` severity is advisory: a warning the node runs with (a stock
+kernel tunable, a clock called unsynchronised but measured in bounds). It is mirrored and
+shown like any other, but leaves the node ready and eligible; only the others degrade it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from proto.conditions import Condition, ConditionKind
+from proto.conditions import LINK_KINDS, Condition, ConditionKind, Severity
 from proto.node import Heartbeat, NodeState, RankReport, Telemetry
+
+NETWORK_KINDS = LINK_KINDS | {ConditionKind.NET_PEER}  # what a hang's culprit is judged by
 
 
 @dataclass
@@ -37,12 +43,14 @@ class NodeInfo:
     suspect_at: float | None = None
     ranks: list[RankReport] = field(default_factory=list)  # the agent's, as of its newest beat
     agent_started_at: float = 0.0  # when its agent process started (a new value: restarted)
+    probe_port: int = 0  # its agent's peer-probe listener on ``addr`` (0: none)
     # the newest change each event brought, by key, until a beat sent after it arrives
     _news: dict[str, Condition] = field(default_factory=dict, repr=False)
 
     @property
     def preflight_ok(self) -> bool:
-        return not any(c.kind is ConditionKind.PREFLIGHT for c in self.conditions.values())
+        """No required preflight check fails (warnings alone are advisory)."""
+        return not any(c.kind is ConditionKind.PREFLIGHT for c in self.faults())
 
     @property
     def topology_ok(self) -> bool:
@@ -52,16 +60,20 @@ class NodeInfo:
     def healthy(self) -> bool:
         return self.state is NodeState.READY and self.suspect_at is None
 
+    def faults(self) -> list[Condition]:
+        """The open conditions that count against the node: all but the advisory ones."""
+        return [c for c in self.conditions.values() if c.severity is not Severity.INFO]
+
     def why_not_healthy(self) -> str:
-        """The evidence, in words: the open conditions' reasons, else why it drains."""
-        reasons = [c.reason or c.key for c in self.conditions.values()]
+        """The evidence, in words: the faults' reasons, else why it drains."""
+        reasons = [c.reason or c.key for c in self.faults()]
         if self.suspect_at is not None and not reasons:
             return "its agent did not answer a ping; waiting for its next heartbeat"
         return "; ".join(reasons) or self.drain_reason
 
     def _settle(self) -> None:
         if self.state in (NodeState.READY, NodeState.DEGRADED):
-            self.state = NodeState.DEGRADED if self.conditions else NodeState.READY
+            self.state = NodeState.DEGRADED if self.faults() else NodeState.READY
 
 
 class Registry:
@@ -97,6 +109,7 @@ class Registry:
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
+        node.probe_port = beat.probe_port
         mirror = {c.key: c for c in beat.conditions if c.active}
         # An event may have overtaken the beat (they travel separately): its change stands
         # until a beat sent after it says otherwise.
@@ -163,6 +176,17 @@ class Registry:
             or node.suspect_at is not None
             or now - node.last_seen > beats * node.interval_s
         )
+
+    def link_conditions(self, nodes: list[str]) -> dict[str, list[Condition]]:
+        """The open network conditions (links, and the peers each cannot reach) of those
+        of ``nodes`` that have any, as their agents last reported them."""
+        found = {}
+        for node_id in nodes:
+            node = self.nodes.get(node_id)
+            conds = [c for c in node.conditions.values() if c.kind in NETWORK_KINDS] if node else []
+            if conds:
+                found[node_id] = conds
+        return found
 
     def suspect(self, node_id: str, now: float) -> None:
         """Its agent did not answer: not admitted until its next heartbeat."""

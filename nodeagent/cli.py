@@ -53,7 +53,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--metrics-addr", dest="metrics_addr", help="address /metrics listens on")
     p.add_argument("--once", action="store_true", help="print one sample of every collector")
-    p.add_argument("--preflight", action="store_true", help="check the host; exit 1 if unfit")
+    p.add_argument(
+        "--preflight", action="store_true", help="check the host; exit 1 if a required check fails"
+    )
     p.add_argument("--json", action="store_true", help="with --once or --preflight: JSON")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
     return p.parse_args(argv)
@@ -115,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"preflight: {status.error}", file=sys.stderr)
         else:
             for check in sample.checks:
-                verdict = "ok  " if check.ok else "FAIL"
-                print(f"{verdict} {check.name}: {check.value} (want {check.want})")
+                verdict = "ok  " if check.ok else "FAIL" if check.required else "WARN"
+                was = f"; was {check.fixed_from}" if check.fixed_from else ""
+                print(f"{verdict} {check.name}: {check.value} (want {check.want}{was})")
         return 0 if sample is not None and sample.ok else 1
     if args.once:
         result = sample_all(config)

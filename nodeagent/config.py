@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from nodeagent.collectors.base import Roots
+from nodeagent.collectors.nic import default_route_interface
 from nodeagent.collectors.nvme_smart import DEFAULT_COMMAND as DEFAULT_SMART
 
 NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,63}$")]
@@ -105,12 +106,69 @@ class PreemptionSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tru
 
 class PreflightSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     interval_s: Positive = 300.0
+    # a tunable under its recommendation is a warning, never a refusal (the node is
+    # admitted); space and shared memory under the need below refuse the node
     somaxconn_min: Annotated[int, msgspec.Meta(ge=0)] = 65535
+    # at start, raise a tunable under its recommendation to it; only as root under
+    # systemd (nodeagent.collectors.sysctl), elsewhere it changes nothing
+    fix: bool = True
     data_dir: str = "/var/lib/ringmaster"
     data_need_gb: NonNegative = 10.0
     checkpoint_dir: str = "/var/lib/ringmaster/checkpoints"
     checkpoint_need_gb: NonNegative = 10.0
     shm_min_gb: NonNegative = 8.0
+
+
+class NetworkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    interval_s: Positive = 1.0  # both link collectors (nic, rdma)
+    # the interface the ranks' traffic crosses: its link down (carrier 0 or operstate
+    # down) opens net.link, critical (a job on the node leaves it); "": the interface of
+    # the IPv4 default route in <procfs>/net/route, looked up when the agent starts
+    data_interface: str = ""
+    # where the NIC collector reads class/net; unset: the agent's sysfs. A simulated node
+    # in its own network namespace (coordinatorctl up --netns) has real links in /sys and
+    # simulated everything else
+    nic_sysfs: str | None = None
+    # net.flap (warning): a watched link's carrier_changes rose by flap_changes or more
+    # within window_s seconds; net.errors (warning): its rx_errors + tx_errors rose by
+    # error_rise or more within window_s. Each closes once a whole window stays under.
+    flap_changes: Count = 3
+    error_rise: Count = 100
+    window_s: Positive = 60.0
+    watch_virtual: bool = False  # flaps and errors on veth, bridges, ifb too
+    # rdma.port (warning) for a port out of ACTIVE/LinkUp: only ports seen up since the
+    # agent started ("seen_active": an uncabled port is no fault), or every port ("all")
+    rdma_watch: Literal["seen_active", "all"] = "seen_active"
+    # net.peer: the agent listens on its advertised (data) address at probe_port (0: a
+    # port the kernel chooses, sent in the heartbeat) and, while it runs a job's ranks,
+    # connects to each of the job's other nodes every probe_every_s; probe_confirm failed
+    # connects in a row (each given probe_timeout_s) open it, the first success closes it
+    probe_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    probe_every_s: Positive = 2.0
+    probe_timeout_s: Positive = 1.0
+    probe_confirm: Count = 2
+
+
+def resolve_data_interface(network: NetworkSettings, roots: Roots) -> str:
+    """The data interface's name: the setting, else the default route's; "" when there is
+    neither (the link-down condition then has nothing to watch)."""
+    return network.data_interface or default_route_interface(roots.procfs)
+
+
+# What torch.distributed's backends read to choose the interface their sockets bind to.
+COLLECTIVE_IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def collective_env(interface: str) -> dict[str, str]:
+    """The ranks' defaults binding their collectives to the data interface (a job's
+    ``env`` overrides them), when this host's kernel knows that interface: a simulated
+    node's ``data0`` outside a namespace lives only in its simulated tree, and gloo
+    fails at init on an interface that does not exist."""
+    try:
+        socket.if_nametoindex(interface)
+    except (OSError, ValueError):
+        return {}
+    return dict.fromkeys(COLLECTIVE_IFNAMES, interface)
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -126,8 +184,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     simulated: bool = False
     gpus: int | None = None  # ranks this node can host; NVML's count if unset
     # spare interpreters with the training stack imported, so a rank (re)starts without
-    # a cold Python start (nodeagent.warm_pool); unset: one per GPU, one on a simulated
-    # or GPU-less node; 0: none
+    # a cold Python start (nodeagent.warm_pool); unset: one per GPU, two on a simulated
+    # node, one on a GPU-less one; 0: none
     warm_ranks: Annotated[int, msgspec.Meta(ge=0)] | None = None
     # how long after a spare becomes a rank its replacement starts: its imports would
     # compete for CPU with the ranks starting at that moment
@@ -142,17 +200,20 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clock: ClockSettings = msgspec.field(default_factory=ClockSettings)
     preemption: PreemptionSettings = msgspec.field(default_factory=PreemptionSettings)
     preflight: PreflightSettings = msgspec.field(default_factory=PreflightSettings)
+    network: NetworkSettings = msgspec.field(default_factory=NetworkSettings)
 
     def roots(self) -> Roots:
         return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))
 
     def warm_spares(self, gpus: int) -> int:
         """Spare rank interpreters to keep: ``warm_ranks`` if set, else one per GPU
-        (``gpus``: this node's count), one on a simulated or GPU-less node (a simulated
-        node's "GPUs" share the host's few cores)."""
+        (``gpus``: this node's count), one on a GPU-less node. A simulated node keeps two
+        whatever its "GPUs": they share the host's few cores with every other simulated
+        node's ranks, so a replacement takes many seconds to import, and the second spare
+        serves a fault that comes before it is ready."""
         if self.warm_ranks is not None:
             return self.warm_ranks
-        return 1 if self.simulated else max(1, gpus)
+        return 2 if self.simulated else max(1, gpus)
 
 
 class ConfigError(ValueError):

@@ -16,13 +16,15 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from nodeagent import memory_sweep
 from nodeagent.collectors.base import BusAttached, Sample
 from nodeagent.commands import CommandHandler
-from nodeagent.config import AgentConfig, detect_addr
+from nodeagent.config import AgentConfig, collective_env, detect_addr, resolve_data_interface
 from nodeagent.detectors.base import Unannounced
 from nodeagent.hangwatch_loop import HangWatch
 from nodeagent.metrics import registry_for
 from nodeagent.outbox import Outbox
+from nodeagent.peer_probe import PeerProber, ProbeListener, listen
 from nodeagent.registry import Registered, build, clock_of
 from nodeagent.sampling import ActiveConditions, close_all, pause, run_once_async, summarize
 from nodeagent.shutdown import host_shutting_down
@@ -40,7 +42,7 @@ from proto.events import (
 )
 from proto.node import CollectorStatus, Heartbeat, Telemetry
 from proto.progress import Progress
-from ringmaster import auth, metrics, systemd_notify
+from ringmaster import auth, metrics, rundir, systemd_notify
 from ringmaster.bus import connect, event_subject
 
 log = structlog.get_logger()
@@ -61,6 +63,7 @@ class Agent:
         self.metrics: metrics.MetricsServer | None = None
         self.registered: list[Registered[Any]] = build(config)
         self._outbox: Outbox | None = None
+        self.probe_port = 0  # the peer-probe listener's, once it listens
         self.supervisor = Supervisor(
             self.node,
             self.run_dir,
@@ -68,6 +71,7 @@ class Agent:
             self._progress,
             simulated=config.simulated,
             warm_refill_delay_s=config.warm_refill_delay_s,
+            rank_defaults=collective_env(resolve_data_interface(config.network, config.roots())),
         )
 
     async def emit(self, event: EventBase) -> None:
@@ -126,6 +130,12 @@ class Agent:
         self.metrics = metrics.serve(
             registry_for(self), cfg.metrics_port, cfg.metrics_addr, host=self.addr
         )
+        listener: ProbeListener | None = None
+        try:
+            record = rundir.probe_port(self.run_dir)
+            listener, self.probe_port = await listen(self.addr, cfg.network.probe_port, record)
+        except OSError as exc:  # peers then cannot probe this node: their word, not a fault
+            log.warning("peer probe listener not started", addr=self.addr, error=str(exc))
         clock = clock_of(self.registered)
         handler = CommandHandler(
             self.node,
@@ -172,6 +182,18 @@ class Agent:
         tasks.append(asyncio.create_task(self._heartbeat_loop(nc)))
         watch = HangWatch(self.supervisor, self.emit, self.node, interval_s=cfg.hang_check_s)
         tasks.append(asyncio.create_task(watch.run(), name="hangwatch"))
+        sweeper = memory_sweep.run(self.supervisor.shm, self.node, self.supervisor.jobs)
+        tasks.append(asyncio.create_task(sweeper, name="memory-sweep"))
+        net = cfg.network
+        prober = PeerProber(
+            self.node,
+            self.supervisor.peers,
+            self.emit,
+            every_s=net.probe_every_s,
+            timeout_s=net.probe_timeout_s,
+            confirm=net.probe_confirm,
+        )
+        tasks.append(asyncio.create_task(prober.run(), name="peer-probe"))
         log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)
         try:
             async with systemd_notify.service(f"{self.node} up at {self.addr}", self._status):
@@ -186,6 +208,8 @@ class Agent:
             if self.metrics is not None:
                 self.metrics.close()
             await self.supervisor.close()
+            if listener is not None:
+                await listener.close()
             with contextlib.suppress(Exception):
                 await nc.drain()
 
@@ -234,6 +258,7 @@ class Agent:
                 cpus=0 if self.config.simulated else (os.cpu_count() or 0),
                 simulated=self.config.simulated,
                 interval_s=self.config.heartbeat_s,
+                probe_port=self.probe_port,
                 telemetry=self.telemetry,
                 conditions=self.active.conditions(),
                 collectors=list(self.statuses.values()),

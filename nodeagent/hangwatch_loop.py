@@ -224,6 +224,7 @@ class HangWatch:
             threshold_s=round(verdict.threshold_s, 2),
             evidence=verdict.evidence,
             stacks=stacks,
+            culprit_unknown=verdict.evidence == UNKNOWN,
             message=(
                 f"rank {rank} on {self.node} hung after step {step}: no progress for "
                 f"{verdict.stalled_s:.1f} s (threshold {verdict.threshold_s:.1f} s); "

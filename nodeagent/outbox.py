@@ -5,11 +5,17 @@ Events and progress go through JetStream and wait for the ack; when the publish 
 order, with the shared jittered backoff (:mod:`ringmaster.retry`: every agent's publish
 fails at once when the bus restarts, and they must not all come back at once). The queue
 is bounded: past ``limit`` the oldest message is dropped and logged.
+
+Each message carries a ``Nats-Msg-Id`` unique to this outbox: a publish whose ack was
+late (a loaded server answers after the timeout) is retried, and the stream's duplicate
+window then stores it once, so the history never shows one rank exiting twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import uuid
 from collections import deque
 
 import structlog
@@ -24,7 +30,9 @@ log = structlog.get_logger()
 class Outbox:
     def __init__(self, js: JetStreamContext, limit: int = 10_000) -> None:
         self._js = js
-        self._queue: deque[tuple[str, bytes]] = deque()
+        self._queue: deque[tuple[str, bytes, str]] = deque()
+        self._origin = uuid.uuid4().hex
+        self._serial = itertools.count()
         self._limit = limit
         self._ready = asyncio.Event()
         self.dropped = 0
@@ -34,7 +42,7 @@ class Outbox:
             self._queue.popleft()
             self.dropped += 1
             log.warning("outbox full, dropped oldest message", dropped=self.dropped)
-        self._queue.append((subject, payload))
+        self._queue.append((subject, payload, f"{self._origin}-{next(self._serial)}"))
         self._ready.set()
 
     async def run(self) -> None:
@@ -47,12 +55,12 @@ class Outbox:
                     self._queue.popleft()
             self._ready.clear()
 
-    async def _publish(self, subject: str, payload: bytes) -> None:
+    async def _publish(self, subject: str, payload: bytes, msg_id: str) -> None:
         def note(exc: BaseException, wait_s: float) -> None:
             log.debug("publish failed, will retry", subject=subject, error=repr(exc))
 
         await retrying_async((NatsError, TimeoutError), first_s=0.1, cap_s=2.0, note=note)(
-            self._js.publish, subject, payload, timeout=2
+            self._js.publish, subject, payload, timeout=2, headers={"Nats-Msg-Id": msg_id}
         )
 
     async def drain(self, timeout: float) -> None:

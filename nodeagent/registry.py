@@ -8,7 +8,8 @@ default, in :mod:`nodeagent.config`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -17,17 +18,21 @@ from nodeagent.collectors.clock import ClockCollector, ClockSample
 from nodeagent.collectors.clock_peer import PeerClock
 from nodeagent.collectors.gpu import GpuCollector
 from nodeagent.collectors.gpu_topology import GpuTopologyCollector
+from nodeagent.collectors.nic import NicCollector
 from nodeagent.collectors.nvme import NvmeLatencyCollector
 from nodeagent.collectors.nvme_smart import NvmeSmartCollector
 from nodeagent.collectors.nvme_udev import NvmeUdevCollector
 from nodeagent.collectors.nvml import NvmlSession
 from nodeagent.collectors.preemption import PreemptionCollector
 from nodeagent.collectors.preflight import PreflightCollector, PreflightSample, SpaceNeed
-from nodeagent.config import AgentConfig
+from nodeagent.collectors.rdma import RdmaCollector
+from nodeagent.collectors.sysctl import SOMAXCONN, Tunable, may_fix
+from nodeagent.config import AgentConfig, resolve_data_interface
 from nodeagent.detectors.base import Detector
 from nodeagent.detectors.clock import ClockDriftDetector
 from nodeagent.detectors.gpu import GpuThermalDetector, GpuXidDetector
 from nodeagent.detectors.gpu_topology import GpuTopologyDetector
+from nodeagent.detectors.link import NicLinkDetector, RdmaPortDetector
 from nodeagent.detectors.nvme import NvmeLatencyDetector
 from nodeagent.detectors.nvme_readonly import NvmeReadonlyDetector
 from nodeagent.detectors.pcie import GpuPcieDetector
@@ -45,6 +50,7 @@ class Registered(Generic[S]):
 
 def build(config: AgentConfig) -> list[Registered[Any]]:
     entries = [preflight(config), *_nvme(config), *_gpu(config), _clock(config)]
+    entries += _network(config)
     pre = config.preemption
     if pre.provider != "none":
         collector = PreemptionCollector(
@@ -72,8 +78,9 @@ def preflight(config: AgentConfig) -> Registered[PreflightSample]:
         config.roots(),
         needs=needs,
         interval_s=pre.interval_s,
-        somaxconn_min=pre.somaxconn_min,
+        tunables=[Tunable("somaxconn", SOMAXCONN, pre.somaxconn_min)],
         shm_min_gb=pre.shm_min_gb,
+        fix=pre.fix and may_fix(os.environ, os.geteuid()),
     )
     return Registered(collector, [PreflightDetector(config.node)])
 
@@ -117,6 +124,16 @@ def _nvme(config: AgentConfig) -> list[Registered[Any]]:
         udev = NvmeUdevCollector(roots, source=nvme.udev_source, devices=nvme.udev_devices)
         entries.append(Registered(udev, [readonly]))
     return entries
+
+
+def _network(config: AgentConfig) -> list[Registered[Any]]:
+    roots, node, net = config.roots(), config.node, config.network
+    data = resolve_data_interface(net, roots)
+    nic = replace(roots, sysfs=Path(net.nic_sysfs)) if net.nic_sysfs else roots
+    return [
+        Registered(NicCollector(nic, net.interval_s), [NicLinkDetector(node, net, data)]),
+        Registered(RdmaCollector(roots, net.interval_s), [RdmaPortDetector(node, net)]),
+    ]
 
 
 def _gpu(config: AgentConfig) -> list[Registered[Any]]:

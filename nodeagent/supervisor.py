@@ -23,7 +23,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -81,6 +81,7 @@ class JobRun:
     procs: dict[int, RankProcess] = field(default_factory=dict)
     waiters: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # by rank
     exits: dict[int, RankExit] = field(default_factory=dict)  # ranks whose exit was seen
+    peers: dict[str, str] = field(default_factory=dict)  # the job's other nodes' probe addrs
 
     def alive(self) -> list[int]:
         return [r for r, p in self.procs.items() if r not in self.exits and p.returncode is None]
@@ -97,8 +98,12 @@ class Supervisor:
         simulated: bool = False,
         warm_refill_delay_s: float = 0.0,
         warm_command: Sequence[str] = SPARE,
+        rank_defaults: Mapping[str, str] | None = None,
     ) -> None:
         self.node = node
+        # the node's own settings for its ranks (the data interface their collectives bind
+        # to): over the agent's environment, under the job's
+        self.rank_defaults = dict(rank_defaults or {})
         self.simulated = simulated  # ranks are told, for rehearsal-only knobs
         self.run_dir = run_dir
         self._on_event = on_event
@@ -118,6 +123,10 @@ class Supervisor:
 
     def jobs(self) -> list[str]:
         return [job for job, run in self.runs.items() if run.alive()]
+
+    def peers(self) -> dict[str, str]:
+        """The other nodes of the jobs with live ranks here (node → probe host:port)."""
+        return {n: a for run in self.runs.values() if run.alive() for n, a in run.peers.items()}
 
     def rank_reports(self) -> list[RankReport]:
         """Every rank of each job's latest attempt, for the heartbeat."""
@@ -141,7 +150,7 @@ class Supervisor:
                 log.warning(
                     "cannot reopen the control socket", path=str(channel.path), error=str(exc)
                 )
-            run = JobRun(found.job, found.attempt, channel)
+            run = JobRun(found.job, found.attempt, channel, peers=jobdir.read_peers())
             self.runs[found.job] = run
             for rank, (pid, started) in sorted(found.ranks.items()):
                 proc = AdoptedRank(found.job, pid, started, jobdir.rank_exit(rank))
@@ -176,7 +185,8 @@ class Supervisor:
             await channel.start()
         except OSError as exc:
             raise SupervisorError(f"cannot open the control socket {channel.path}: {exc}") from exc
-        run = JobRun(cmd.job, cmd.attempt, channel)
+        jobdir.write_peers(cmd.peers)  # for an agent that adopts the ranks
+        run = JobRun(cmd.job, cmd.attempt, channel, peers=dict(cmd.peers))
         self.runs[cmd.job] = run
         workdir = Path(cmd.workdir or jobdir.path)
         if cmd.pre_start:
@@ -186,6 +196,7 @@ class Supervisor:
             env = {
                 rank_env.COMPILE_CACHE: str(compile_cache(self.run_dir)),
                 **os.environ,
+                **self.rank_defaults,
                 **cmd.env,
                 "RANK": str(spec.rank),
                 "LOCAL_RANK": str(spec.local_rank),

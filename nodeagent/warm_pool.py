@@ -7,15 +7,22 @@ writes ``READY`` on its stdout and waits for one launch line on its stdin
 (``proto.warm.WarmLaunch``). :meth:`WarmPool.take` hands a ready spare its launch, waits
 for its ``STARTED`` and returns it as the rank's process; a replacement is started after
 ``refill_delay_s`` (on a node with few cores the replacement's imports would otherwise
-compete with the ranks starting at that very moment).
+compete with the ranks starting at that very moment). A launch that finds its spare still
+importing hands it the launch at once and takes it as the rank's process: a cold start
+would repeat those same imports from the beginning, beside the spare's, so it is never the
+faster, and the launch is answered without waiting for imports. A spare that has not
+started its rank within :meth:`WarmPool.wait_bound` is wedged: it is killed, and its
+rank's exit is reported as any rank's.
 
-The pool never fails a launch: without a ready spare, when the hand-over does not take,
-or when the rank's environment differs from the spare's in a setting read at import time
-(:func:`import_time_difference`), ``take`` returns None and the caller starts the rank
-cold. A spare that dies before it is ready is not replaced until the next ``take`` asks,
-so a broken install costs one failed start per launch, not a loop. Spares are killed when
-the agent shuts down (ranks are not: they outlive the agent); a spare whose agent died
-without a word sees its stdin close and exits.
+The pool fails no launch itself: without a spare, when a ready spare's hand-over does
+not take, or when the rank's environment differs from the spare's in a setting read at
+import time (:func:`import_time_difference`), ``take`` returns None and the caller starts
+the rank cold. A spare that dies before it is ready is not replaced until the next
+``take`` asks, so a broken install costs one failed start per launch, not a loop (one
+that dies after it was handed a launch is that rank's exit). Spares are killed when the
+agent shuts down (ranks are not: they outlive the agent, and so does a spare already
+handed its launch, which reads it on its own); a spare whose agent died without a word
+and that was handed nothing sees its stdin close and exits.
 
 The agent never imports the trainer: a spare is a process, like a rank.
 """
@@ -27,6 +34,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +49,9 @@ log = structlog.get_logger()
 
 SPARE = (sys.executable, "-m", "trainer.warm")
 HANDOVER_S = 10.0  # a ready spare answers in milliseconds; this only bounds a wedged one
+# How long a spare handed a launch while importing may take to start the rank, before any
+# spare was seen ready, and at most (34 s were seen on 2 cores with five agents starting)
+FIRST_IMPORT_WAIT_S = 90.0
 # Read when torch, DeepSpeed, OpenMP, the dynamic loader or Python itself start: a spare
 # started under other values cannot become a rank that needs these. What torch reads when
 # a process group or CUDA starts (TORCH_NCCL_*, NCCL_*, PYTORCH_CUDA_ALLOC_CONF) is read
@@ -79,7 +90,9 @@ def import_time_difference(spare: Mapping[str, str], rank: Mapping[str, str]) ->
 class Spare:
     proc: asyncio.subprocess.Process
     env: dict[str, str]
+    born: float = field(default_factory=time.monotonic)
     ready: bool = False
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # ready, or dead
 
 
 @dataclass
@@ -90,6 +103,10 @@ class WarmPool:
     refill_delay_s: float = 0.0
     spares: list[Spare] = field(default_factory=list)
     _starting: int = 0
+    import_s: float | None = None  # how long the newest ready spare took to import
+    # a spare's imports keep about one core busy: on a node with few cores several at once
+    # each take longer, and the first launch would wait for all of them
+    imports_at_once: int = field(default_factory=lambda: max(1, (os.cpu_count() or 1) // 4))
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _closed: bool = False
 
@@ -111,13 +128,15 @@ class WarmPool:
         return sum(1 for s in self.spares if s.ready and s.proc.returncode is None)
 
     async def take(self, launch: WarmLaunch) -> asyncio.subprocess.Process | None:
-        """A spare turned into the rank ``launch`` describes, or None: start it cold."""
+        """A spare turned into the rank ``launch`` describes, or None: start it cold. A
+        spare still importing is handed the launch at once and returned as the rank: it
+        reads the launch once its imports are done (:meth:`_hand_over_later`)."""
         if self.size == 0:
             return None  # the pool is off
         self._prune()
-        spare = next((s for s in self.spares if s.ready), None)
+        spare = next((s for s in self.spares if s.ready), None) or next(iter(self.spares), None)
         if spare is None:
-            log.info("no warm interpreter ready: rank starts cold", spares=len(self.spares))
+            log.info("no warm interpreter: rank starts cold")
             self._refill()
             return None
         if (name := import_time_difference(spare.env, launch.env)) is not None:
@@ -127,11 +146,19 @@ class WarmPool:
         self._refill()
         proc = spare.proc
         assert proc.stdin is not None and proc.stdout is not None
-        word = b""
-        with contextlib.suppress(OSError, TimeoutError):
+        try:
             proc.stdin.write(encode(launch) + b"\n")
             await proc.stdin.drain()
             proc.stdin.close()
+        except OSError:
+            log.warning("warm interpreter did not take the launch: rank starts cold", pid=proc.pid)
+            await _kill(proc)
+            return None
+        if not spare.ready:
+            self._background(self._hand_over_later(spare))
+            return proc
+        word = b""
+        with contextlib.suppress(OSError, TimeoutError):
             word = await asyncio.wait_for(proc.stdout.readline(), HANDOVER_S)
         if word != STARTED:
             log.warning("warm interpreter did not take the launch: rank starts cold", pid=proc.pid)
@@ -140,6 +167,46 @@ class WarmPool:
         # the rank's own log replaces this pipe: it ends at EOF, and wait() waits for that
         self._background(_drain(proc.stdout))
         return proc
+
+    def wait_bound(self) -> float:
+        """How long a spare handed a launch while importing may take to start it: twice
+        as long as the newest spare's imports took, at least three hand-overs' bound and
+        at most ``FIRST_IMPORT_WAIT_S``."""
+        if self.import_s is None:
+            return FIRST_IMPORT_WAIT_S
+        return min(FIRST_IMPORT_WAIT_S, max(3 * HANDOVER_S, 2 * self.import_s))
+
+    async def _hand_over_later(self, spare: Spare) -> None:
+        """A spare already is its rank's process; one that has not started the rank
+        within :meth:`wait_bound` is wedged and killed: its rank exits, and is reported
+        like any rank's exit. The agent's own shutdown leaves it be (ranks outlive the
+        agent, and it reads its launch on its own)."""
+        proc, bound = spare.proc, self.wait_bound()
+        assert proc.stdout is not None
+        log.info(
+            "warm interpreter still importing: it starts the rank when ready",
+            pid=proc.pid,
+            importing_s=round(time.monotonic() - spare.born, 2),
+            bound_s=round(bound, 1),
+        )
+        word = b""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound):
+                await spare.settled.wait()
+                if spare.ready:
+                    word = await proc.stdout.readline()
+        if self._closed:
+            return
+        if word == STARTED:
+            await _drain(proc.stdout)
+            return
+        log.warning(
+            "warm interpreter did not start its rank: killed, its exit is the rank's",
+            pid=proc.pid,
+            died=proc.returncode is not None,
+            bound_s=round(bound, 1),
+        )
+        await _kill(proc)
 
     async def close(self) -> None:
         """Kill every spare (not the ranks they became); the pool starts no more."""
@@ -161,9 +228,18 @@ class WarmPool:
         """Forget spares that died after they were ready: their places are free again."""
         self.spares = [s for s in self.spares if s.proc.returncode is None]
 
+    def _importing(self) -> int:
+        return self._starting + sum(1 for s in self.spares if not s.ready)
+
     async def _top_up(self) -> None:
+        """Start missing spares, no more importing at once than ``imports_at_once``; the
+        next starts when one is ready."""
         self._prune()
-        while not self._closed and len(self.spares) + self._starting < self.size:
+        while (
+            not self._closed
+            and len(self.spares) + self._starting < self.size
+            and self._importing() < self.imports_at_once
+        ):
             self._starting += 1
             try:
                 spare = await self._spawn()
@@ -196,14 +272,22 @@ class WarmPool:
         return Spare(proc, env)
 
     async def _await_ready(self, spare: Spare) -> None:
+        try:
+            await self._read_ready(spare)
+        finally:
+            spare.settled.set()
+
+    async def _read_ready(self, spare: Spare) -> None:
         assert spare.proc.stdout is not None
         word = await spare.proc.stdout.readline()
         if word == READY:
             spare.ready = True
-            log.info("warm interpreter ready", pid=spare.proc.pid)
+            self.import_s = time.monotonic() - spare.born
+            log.info("warm interpreter ready", pid=spare.proc.pid, import_s=round(self.import_s, 2))
+            await self._top_up()
             return
         if spare not in self.spares:
-            return  # ended on purpose (resize, close)
+            return  # ended on purpose (resize, close), or a launch waits on it
         # died before it was ready: not replaced until a launch asks (no restart loop)
         self.spares.remove(spare)
         code = await _kill(spare.proc)

@@ -35,6 +35,9 @@ class Launch(CommandBase, tag="launch"):
     workdir: str = ""
     attempt: int = 0
     pre_start: str | None = None
+    # the job's other nodes, each as host:port of its peer-probe listener: this node
+    # probes them while it runs the job's ranks (nodeagent.peer_probe)
+    peers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 class Pause(CommandBase, tag=ControlAction.PAUSE.value):

@@ -7,7 +7,8 @@ announces each change (``EventBase.condition``), in every heartbeat as the node'
 authoritative set of active conditions, and in the coordinator's node records. The
 coordinator's policy reacts to a condition opening or closing and files pause reasons
 under :func:`condition_key`; nothing else spells a key. (node-problem-detector's
-``NodeCondition`` is the model.)
+``NodeCondition`` is the model.) A node condition at ``info`` severity is advisory: shown,
+but the node stays ready and eligible (``coordinator.registry``).
 """
 
 from __future__ import annotations
@@ -32,10 +33,33 @@ class ConditionKind(enum.StrEnum):
     GPU_THERMAL = "gpu.thermal"  # subject: GPU index; value: °C; severity: warning|critical
     PCIE = "pcie.degraded"  # subject: GPU index
     TOPOLOGY = "topology.degraded"  # subject: "A-B" GPU pair
-    CLOCK = "clock.drift"  # node-wide; value: offset ms (absent: unsynchronised)
-    PREFLIGHT = "node.preflight"  # node-wide; reason: each failed check with value and want
+    # node-wide; value: offset ms (absent: unsynchronised); severity: warning while the
+    # offset is measured out of bounds, info (advisory) while only unsynchronised
+    CLOCK = "clock.drift"
+    # node-wide; reason: each failed check with value and want; severity: warning while a
+    # required check fails, info (advisory) while only warnings stand
+    PREFLIGHT = "node.preflight"
     PREEMPTION = "spot.notice"  # subject: provider
+    NET_LINK = "net.link"  # subject: the data interface; critical: its link is down
+    NET_FLAP = "net.flap"  # subject: interface; value: carrier changes in the window
+    NET_ERRORS = "net.errors"  # subject: interface; value: rx+tx errors in the window
+    RDMA_PORT = "rdma.port"  # subject: "device/port", e.g. "mlx5_0/1"
+    # subject: a peer node of a job here that this node cannot reach over the data
+    # network (info: advisory on the reporter; the coordinator weighs every node's word)
+    NET_PEER = "net.peer"
     OPERATOR = "operator"  # job-wide: an operator's pause
+
+
+# The conditions that say a node's network path is faulty: the evidence that makes a node
+# the culprit of a hang in which every rank waits in a collective.
+LINK_KINDS = frozenset(
+    {
+        ConditionKind.NET_LINK,
+        ConditionKind.NET_FLAP,
+        ConditionKind.NET_ERRORS,
+        ConditionKind.RDMA_PORT,
+    }
+)
 
 
 def condition_key(

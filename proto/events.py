@@ -45,10 +45,18 @@ class NodeLost(EventBase, tag="node.lost"):
 
 
 class PreflightCheck(msgspec.Struct, kw_only=True):
+    """One host check. ``required``: a failure refuses the node (a measured shortfall
+    the job needs: space, ``/dev/shm``); otherwise it is a warning the node is admitted
+    with (a tunable under its recommendation). ``fixed_from``: the value the agent
+    replaced with ``value`` at start (empty: nothing changed). Both default so that older
+    messages, whose every check was required, still decode as they were meant."""
+
     name: str
     ok: bool
     value: str = ""
     want: str = ""
+    required: bool = True
+    fixed_from: str = ""
 
 
 class NodeRefused(EventBase, tag="node.refused"):
@@ -123,6 +131,57 @@ class NvmeReadonly(EventBase, tag="nvme.readonly"):
     source: str = ""  # sysfs | udev | smart
 
 
+# -- network (additions to the contract's kinds: the "network links" signal) ------------
+
+
+class NetLink(EventBase, tag="net.link"):
+    """The data interface's link went down (``up`` false, critical) or came back."""
+
+    interface: str = ""
+    up: bool = False
+    carrier: int = 0
+    operstate: str = ""
+
+
+class NetPeer(EventBase, tag="net.peer"):
+    """This node could not reach ``peer`` (a node of a job it hosts) at ``addr`` over the
+    data network, ``failures`` probes in a row (``reachable`` false), or reaches it again."""
+
+    peer: str = ""
+    addr: str = ""  # host:port probed: the peer's probe listener on its data address
+    reachable: bool = False
+    failures: int = 0
+    error: str = ""
+
+
+class NetFlap(EventBase, tag="net.flap"):
+    """A link's carrier changed ``changes`` times within ``window_s`` (warning)."""
+
+    interface: str = ""
+    changes: int = 0
+    window_s: float = 0.0
+    recovered: bool = False  # True: it changed less than the threshold over a window
+
+
+class NetErrors(EventBase, tag="net.errors"):
+    """A link's rx+tx error counters rose by ``errors`` within ``window_s`` (warning)."""
+
+    interface: str = ""
+    errors: int = 0
+    window_s: float = 0.0
+    recovered: bool = False
+
+
+class RdmaPort(EventBase, tag="rdma.port"):
+    """An RDMA port left ACTIVE/LinkUp (warning) or came back (``up`` true)."""
+
+    device: str = ""
+    port: int = 0
+    state: str = ""  # "ACTIVE", "DOWN", ...
+    phys_state: str = ""  # "LinkUp", "Polling", ...
+    up: bool = False
+
+
 # -- clock and preemption -------------------------------------------------------------
 
 
@@ -172,6 +231,9 @@ class WorkerHung(EventBase, tag="worker.hung"):
     threshold_s: float = 0.0  # what it was judged against
     evidence: str = ""  # what marks it as the culprit (process stopped, beat silent, …)
     stacks: str = ""  # its Python stacks (faulthandler), when they could be captured
+    # No rank on this node stands out: every stalled one waits in a collective, so the
+    # culprit may be on another node, or be the network (the coordinator decides)
+    culprit_unknown: bool = False
 
 
 class WorkerStraggler(EventBase, tag="worker.straggler"):
@@ -320,6 +382,11 @@ Event = (
     | NvmeLatencySpike
     | NvmeLatencyRecovered
     | NvmeReadonly
+    | NetLink
+    | NetPeer
+    | NetFlap
+    | NetErrors
+    | RdmaPort
     | ClockDrift
     | ClockResynced
     | SpotNotice

@@ -15,6 +15,9 @@ import re
 
 import msgspec
 
+from proto.net_faults import NET_FORMS, LinkDownFault, LinkUpFault, NetemFault, PartitionFault
+from proto.net_faults import parse_net as _parse_net
+
 DEVICE = re.compile(r"nvme\d+n\d+")
 LINK_KINDS = ("PHB", "SYS", "NODE", "PIX", "PXB")  # besides NV<count>
 _LINK = re.compile(r"(\d+)-(\d+):(NV[1-9]\d*|" + "|".join(LINK_KINDS) + r")")
@@ -145,6 +148,10 @@ Fault = (
     | SlowFault
     | NanLossFault
     | ClearFault
+    | LinkDownFault
+    | LinkUpFault
+    | NetemFault
+    | PartitionFault
 )
 
 # Faults that act on the node's processes, not its simulated hardware: coordinatorctl
@@ -187,7 +194,7 @@ FORMS = {
     "slow": "slow=<factor> with 1 <= factor <= 1000",
     "nan-loss": "nan-loss",
     "clear": "clear",
-}
+} | NET_FORMS  # on namespaced nodes only (proto.net_faults)
 _BARE: dict[
     str,
     type[
@@ -230,6 +237,11 @@ def parse_fault(text: str) -> Fault:
             return HangFault(rank=int(value))
         if not value:
             raise _Bad("missing value")
+        if name in NET_FORMS:
+            try:
+                return _parse_net(name, value)
+            except ValueError as exc:
+                raise _Bad(str(exc)) from None
         return _parse_valued(name, value)
     except _Bad as exc:
         raise ValueError(f"bad fault {text.strip()!r}: {exc}; expected {FORMS[name]}") from None

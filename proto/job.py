@@ -14,10 +14,25 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
 
 
+def safe_name(name: str) -> str:
+    """``name`` as one path component: anything but letters, digits, ``_.-`` is ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
 def shm_staging_name(job_id: str) -> str:
     """The directory under ``/dev/shm`` where a job's ranks stage checkpoints in RAM; the
     agent removes it once every rank of the job on its node has exited."""
-    return "ringmaster-" + re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
+    return "ringmaster-" + safe_name(job_id)
+
+
+MEMORY_STORE_PREFIX = "ringmaster-mem-"
+
+
+def memory_store_name(job_id: str) -> str:
+    """The directory under ``/dev/shm`` holding a job's memory tier (one subdir per
+    node, :mod:`ringmaster.memory_store`); it outlives the job's ranks, and the agent
+    removes its node's part once every rank of the job there has exited cleanly."""
+    return MEMORY_STORE_PREFIX + safe_name(job_id)
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -91,6 +106,13 @@ class CheckpointSection(Config):
     # where ranks stage a checkpoint before it is copied to ``dir``; unset: a per-job
     # directory in /dev/shm (RAM) when writable, else under the working directory
     staging_dir: str | None = None
+    # The memory tier: recent snapshots in the RAM of the rank's node and of a buddy
+    # rank's on the next node, restored after a fault instead of the durable checkpoint
+    # when newer. Never written to ``dir``.
+    memory_tier: bool = True
+    # Steps between memory snapshots; unset: as few as keep a snapshot's blocking time
+    # under 2 % of step time (measured by the ranks, at most every_steps).
+    memory_every_steps: Positive | None = None
 
 
 class PolicySection(Config):
@@ -227,6 +249,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     restarts: int = 0
     pauses: int = 0
     last_checkpoint_step: int | None = None
+    # the newest step in the job's memory tier, as rank 0 last said (None: none)
+    memory_step: int | None = None
     world_size: int = 0
     nodes: list[str] = msgspec.field(default_factory=list)
     master_addr: str = ""
@@ -271,9 +295,12 @@ class JobRecord(msgspec.Struct, kw_only=True):
     started_at: float | None = None
     attempt_started_at: float | None = None  # when the current attempt launched
     first_step_at: float | None = None
-    last_step_at: float | None = None  # when rank 0's newest step was reported
+    last_step_at: float | None = None  # when rank 0 finished its newest step (its stamp)
     step_s: float | None = None  # recent wall seconds per step (a running average)
     finished_at: float | None = None
     updated_at: float = 0.0
     accounted_at: float = 0.0
     goodput: dict[str, float] = msgspec.field(default_factory=dict)
+    # GPU-s the ledger charged as recovery since the newest step for want of a step: a
+    # late report can show the ranks were stepping all along (coordinator.goodput)
+    stalled_gpu_s: float = 0.0

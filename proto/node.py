@@ -81,6 +81,9 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     ranks: list[RankReport] = msgspec.field(default_factory=list)
     # When this agent process started (wall time): a new value is a restarted agent.
     started_at: float = 0.0
+    # The TCP port of the agent's peer-probe listener on ``addr`` (0: none): the job's
+    # other nodes connect to it to tell a partition from a hang (nodeagent.peer_probe)
+    probe_port: int = 0
 
 
 class ClockProbe(msgspec.Struct, kw_only=True):
@@ -111,7 +114,7 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     conditions: list[Condition] = msgspec.field(default_factory=list)  # the agent's, mirrored
     jobs: list[str] = msgspec.field(default_factory=list)
     drain_reason: str = ""
-    preflight_ok: bool = True  # no node.preflight condition active
+    preflight_ok: bool = True  # no required preflight check failing
     topology_ok: bool = True  # no topology.degraded condition active
     metrics_url: str = ""  # the agent's Prometheus endpoint, from its heartbeat
 

@@ -33,6 +33,8 @@ class StepDone(ProgressBase, tag="step"):
     # than the second (compiling, or loading the compiled code from the node's cache).
     # None when the blocks are not compiled, and on every other StepDone.
     compile_s: float | None = None
+    # The newest step sealed in the job's memory tier (rank 0's view); None: no tier.
+    memory_step: int | None = None
 
 
 class Paused(ProgressBase, tag="paused"):

@@ -4,9 +4,11 @@
 
     <run_dir>/epoch                     the newest leader epoch seen (command fencing)
     <run_dir>/sim-knobs.json            rehearsal knobs of a simulated node (inject)
+    <run_dir>/probe-port                the peer-probe listener's port, kept across restarts
     <run_dir>/warm-pool.log             what warm interpreters print before they are ranks
     <run_dir>/jobs/<job>/spec.json      the job spec the ranks read ($RINGMASTER_JOB_SPEC)
     <run_dir>/jobs/<job>/attempt        the attempt of the job the ranks below belong to
+    <run_dir>/jobs/<job>/peers.json     the job's other nodes' probe addresses (its launch)
     <run_dir>/jobs/<job>/rank-<r>.pid   rank r's PID (also its process group's id) and
                                         start time: "<pid> <ticks since boot>"
     <run_dir>/jobs/<job>/rank-<r>.exit  rank r's exit record, which the rank writes just
@@ -45,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+import msgspec
+
 from ringmaster import rank_env
 from ringmaster.procs import pid_alive, start_time
 
@@ -59,6 +63,12 @@ def epoch_file(run_dir: Path) -> Path:
 
 
 SIM_KNOBS_ENV = rank_env.SIM_KNOBS  # set on ranks of simulated nodes only
+
+
+def probe_port(run_dir: Path) -> Path:
+    """The port the agent's peer-probe listener had: a restarted agent listens there again,
+    so the peers its jobs' launches named keep reaching it."""
+    return run_dir / "probe-port"
 
 
 def sim_knobs(run_dir: Path) -> Path:
@@ -94,6 +104,20 @@ class JobDir:
     @property
     def spec(self) -> Path:
         return self.path / "spec.json"
+
+    @property
+    def peers(self) -> Path:
+        return self.path / "peers.json"
+
+    def write_peers(self, peers: dict[str, str]) -> None:
+        _write_atomic(self.peers, msgspec.json.encode(peers).decode())
+
+    def read_peers(self) -> dict[str, str]:
+        """What the job's launch said of its peers; none when unreadable."""
+        try:
+            return msgspec.json.decode(self.peers.read_bytes(), type=dict[str, str])
+        except (OSError, msgspec.DecodeError):
+            return {}
 
     @property
     def pre_start_log(self) -> Path:

@@ -10,6 +10,13 @@ import pytest
 from coordinator.embedded_nats import NatsServer, start_nats_server
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow scenarios first, in their collected order: the workers then take the
+    long tests while there is room to balance them, and end together on the short ones,
+    instead of one worker finishing a minute-long test while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     server = start_nats_server(tmp_path / "nats")
@@ -17,6 +24,15 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(autouse=True)
+def outside_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs as if outside systemd, whatever runs the suite: an agent a test starts
+    on this machine's /proc never retunes its kernel (``nodeagent.collectors.sysctl`` does
+    only under systemd); a test that wants systemd's environment sets it itself."""
+    monkeypatch.delenv("INVOCATION_ID", raising=False)
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
 
 
 @pytest.fixture

@@ -10,27 +10,32 @@ is a dict of file name -> object to ``torch.save``: a private copy the next opti
 cannot touch. An engine that must write files itself may also write them into the rank's
 staging dir (``/dev/shm`` by default) during the snapshot; nothing else is written there.
 
-Persist, in one background thread per rank: serialise each snapshot object straight into
-``<dir>/step-<N>/`` and copy any staged files there (hashed while writing, fsynced), or
-wait for the files an engine writes there itself (:class:`Written`: DCP), then
-gather every rank's file list with sha256 and sizes over a dedicated gloo group; rank 0
-writes the manifest and moves ``latest`` (:func:`trainer.durable.commit`) only if every
-rank succeeded, prunes old checkpoints and reports the checkpoint. A separate process group
-keeps these collectives from interleaving with the training loop's. One persist at a time:
-the next snapshot waits for the previous persist (it reuses its buffers), and that wait
-counts as stall.
+Persist, in one background thread per rank: serialise each snapshot object into the
+step dir of the job's memory tier when it has one (:mod:`trainer.memory_tier`: RAM on this
+node, copied to a buddy rank's node), else straight into ``<dir>/step-<N>/``, copying any
+staged files there (hashed while writing), or wait for the files an engine writes there
+itself (:class:`Written`: DCP); for a durable checkpoint with a memory tier, copy the
+files from RAM into ``<dir>/step-<N>/`` (fsynced). Then gather every rank's file list with
+sha256 and sizes over a dedicated gloo group; the memory tier seals its step once the
+buddy copies are made, and for a durable checkpoint rank 0 writes the manifest and moves
+``latest`` (:func:`trainer.durable.commit`) only if every rank succeeded, prunes old
+checkpoints and reports the checkpoint. A separate process group keeps these collectives
+from interleaving with the training loop's. One persist at a time: the next snapshot
+waits for the previous persist (it reuses its buffers), and that wait counts as stall.
+A memory snapshot is the same pipeline without the durable copy; a durable checkpoint of
+a step already in memory only copies it.
 
-Resume: every rank checks the files it needs in each candidate (``latest`` first, then
-older) against the manifest, and the ranks agree (all-reduce MIN) on the newest one valid
-for all of them, so a partial or corrupt checkpoint is never loaded and no two ranks load
-different steps.
+Resume (:mod:`trainer.coordination`): every rank checks the files it needs in each
+candidate (``latest`` first, then older) against the manifest, and the ranks agree
+(all-reduce MIN) on the newest one valid for all of them, so a partial or corrupt
+checkpoint is never loaded and no two ranks load different steps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import re
 import shutil
 import sys
 import threading
@@ -38,13 +43,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
+from proto.job import shm_staging_name
 from trainer import durable
+from trainer.coordination import Coordination, Figures
 from trainer.host_buffers import HostBuffers as HostBuffers  # re-exported for the benches
+
+if TYPE_CHECKING:
+    from trainer.memory_tier import MemoryTier
 
 OnDurable = Callable[[int, Path, float], None]
 
@@ -67,41 +76,10 @@ Stage = Callable[[Path, Path], dict[str, Any]]
 
 def default_staging_dir(job_id: str, workdir: Path) -> Path:
     """A per-job dir in ``/dev/shm`` when that is writable (RAM), else under the workdir."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / f"ringmaster-{safe}"
+        return shm / shm_staging_name(job_id)
     return workdir / ".staging"
-
-
-@dataclass
-class Coordination:
-    """How the ranks of a checkpoint talk: a gloo group, or nothing for one process."""
-
-    rank: int = 0
-    world_size: int = 1
-    group: dist.ProcessGroup | None = None
-
-    def all_gather(self, item: Any) -> list[Any]:
-        if self.world_size == 1:
-            return [item]
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, item, group=self.group)
-        return out
-
-    def broadcast(self, item: Any) -> Any:
-        if self.world_size == 1:
-            return item
-        box = [item]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def all_true(self, flag: bool) -> bool:
-        if self.world_size == 1:
-            return flag
-        value = torch.tensor([int(flag)])
-        dist.all_reduce(value, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(value.item())
 
 
 class Checkpointer:
@@ -127,10 +105,20 @@ class Checkpointer:
         self.persist_delay_s = persist_delay_s  # test hook: widens the window for a kill
         self.persist_gate = persist_gate  # test hook: persists start serialising once it exists
         self.staging = staging / f"rank-{coord.rank}"
-        self.last_step: int | None = None  # newest step staged (or resumed from)
+        self.last_step: int | None = None  # newest step staged durably (or resumed from)
         self.last_stall_s = 0.0
         self.last_in_memory: list[str] = []  # files of the newest snapshot still in memory
         self.durable_step: int | None = None  # newest step this rank knows is committed
+        self.memory: MemoryTier | None = None  # the memory tier, when the job has one
+        self.memory_last: int | None = None  # newest memory-only snapshot started
+        self.memory_sealed: int | None = None  # newest step sealed in the memory tier
+        self.memory_figures: list[Figures] = []  # every rank's, from the last memory seal
+        self.memory_snapshots = 0
+        self.memory_stall_s = 0.0
+        self._own: tuple[int, dict[str, durable.FileEntry]] | None = None
+        self._background_s = 0.0
+        self._background_cpu_s = 0.0
+        self._memory_only_in_flight = False  # the persist in flight is a memory snapshot's
         self._thread: threading.Thread | None = None
         root.mkdir(parents=True, exist_ok=True)
 
@@ -138,23 +126,115 @@ class Checkpointer:
         """Snapshot step ``step`` (``stage`` takes it) and start persisting it; returns the
         seconds the caller was blocked (waiting for the previous persist, then the
         snapshot). Saving the step already staged just waits for it to be durable and
-        reports it again (an on-demand checkpoint right after a periodic one)."""
+        reports it again (an on-demand checkpoint right after a periodic one); a step
+        already in the memory tier is copied from there."""
         start = time.monotonic()
         self.wait()
         if step == self.last_step:
             stall = time.monotonic() - start
             self._announce(step, stall)
             return stall
+        self.last_step = step
+        if self.memory is not None and step == self.memory_last and self._own is not None:
+            stall = time.monotonic() - start
+            self._start(step, Figures(dict(self._own[1]), stall), {}, durable=True)
+            return stall
+        objects = self._stage(step, stage)
+        stall = time.monotonic() - start
+        self.last_stall_s, self.last_in_memory = stall, sorted(objects)
+        self._start(step, Figures(None, stall), objects, durable=True)
+        return stall
+
+    def memory_due(self, step: int) -> bool:
+        return self.memory is not None and self.memory.cadence.due(step)
+
+    def save_to_memory(
+        self, step: int, stage: Stage, step_s: float, waited: float = 0.0
+    ) -> dict[str, Any] | None:
+        """Snapshot step ``step`` into the memory tier only (``waited``: what
+        :meth:`settle` said, when the caller settled first). Returns what changed, for the
+        rank's log: a new cadence, or the tier turned off (no room for it); None if
+        nothing did. Decided from every rank's figures of the previous memory snapshot,
+        read once it is sealed, so every rank decides alike at the same step."""
+        tier = self.memory
+        assert tier is not None
+        waited += self.settle()
+        figures = self.memory_figures
+        if figures and (short := tier.room_short(figures)) is not None:
+            self.forget_memory()
+            self.memory = None
+            return {"off": short}
+        begin = time.monotonic()
+        objects = self._stage(step, stage)
+        stall = waited + time.monotonic() - begin
+        change = tier.plan(step, figures)
+        self.memory_last = step
+        self.memory_snapshots += 1
+        self.memory_stall_s += stall
+        free = shutil.disk_usage(tier.store.root.parent.parent).free
+        mine = Figures(None, stall, self._background_s, self._background_cpu_s, step_s, free)
+        self._start(step, mine, objects, False)
+        return change
+
+    def busy(self) -> bool:
+        """Whether a persist is in flight (the next snapshot would wait for it)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def settle(self) -> float:
+        """Wait for the persist in flight; the seconds waited when it was a memory
+        snapshot's (the memory tier's own cost; waiting for a durable one is not)."""
+        start = time.monotonic()
+        self.wait()
+        return time.monotonic() - start if self._memory_only_in_flight else 0.0
+
+    def forget_memory_together(self) -> None:
+        """Every rank at once: wait for the persist in flight, agree that every rank has
+        (ranks of one node share its store: none may still be sealing into it), then drop
+        the memory tier's snapshots."""
+        self.wait()
+        if self.memory is not None:
+            self.coord.all_true(True)
+        self.forget_memory()
+
+    def forget_memory(self) -> None:
+        """Drop the memory tier's snapshots (this node's; every rank does it alike)."""
+        if self.memory is not None:
+            self.memory.store.clear()
+        self.memory_last = self.memory_sealed = None
+        self.memory_figures = []
+        self._own = None
+
+    @property
+    def memory_totals(self) -> dict[str, Any]:
+        """For the rank's last log line: memory snapshots taken and the loop's time in them."""
+        if not self.memory_snapshots:
+            return {}
+        return {
+            "memory_snapshots": self.memory_snapshots,
+            "memory_stall_s": round(self.memory_stall_s, 4),
+        }
+
+    def _stage(self, step: int, stage: Stage) -> dict[str, Any]:
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir(parents=True)
-        objects = stage(self.staging, self.root / durable.step_dir_name(step))
-        stall = time.monotonic() - start
-        self.last_step, self.last_stall_s, self.last_in_memory = step, stall, sorted(objects)
+        return stage(self.staging, self._write_dir(step))
+
+    def _write_dir(self, step: int) -> Path:
+        """Where a snapshot's files are written first: the memory tier when there is one
+        (a durable checkpoint is then copied from it), else the durable step dir."""
+        if self.memory is not None:
+            return self.memory.store.step_dir(step)
+        return self.root / durable.step_dir_name(step)
+
+    def _start(self, step: int, figures: Figures, objects: dict[str, Any], durable: bool) -> None:
+        self._memory_only_in_flight = not durable
         self._thread = threading.Thread(
-            target=self._persist, args=(step, stall, objects), name=f"persist-{step}", daemon=True
+            target=self._persist,
+            args=(step, figures, objects, durable),
+            name=f"persist-{step}",
+            daemon=True,
         )
         self._thread.start()
-        return stall
 
     def wait(self) -> None:
         """Block until the persist in flight (if any) has finished."""
@@ -173,31 +253,51 @@ class Checkpointer:
         with contextlib.suppress(OSError):
             self.staging.parent.rmdir()  # only once every rank on the node has left
 
-    def _persist(self, step: int, stall: float, objects: dict[str, Any]) -> None:
+    def _persist(
+        self, step: int, figures: Figures, objects: dict[str, Any], durable_too: bool
+    ) -> None:
+        began, cpu = time.monotonic(), time.thread_time()
         step_dir = self.root / durable.step_dir_name(step)
-        entries: dict[str, durable.FileEntry] | None = None
+        entries = figures.entries
+        if not durable_too and self.memory is not None and self.memory.cadence.contended:
+            yield_cores()
         try:
-            while self.persist_gate is not None and not self.persist_gate.exists():
+            while durable_too and self.persist_gate is not None and not self.persist_gate.exists():
                 time.sleep(0.05)
-            entries = durable.copy_tree(self.staging, step_dir)
-            for name, obj in objects.items():
-                if isinstance(obj, Written):
-                    for written in obj.wait():
-                        entries[written] = durable.hash_file(step_dir / written)
-                else:
-                    entries[name] = durable.write_and_hash(step_dir / name, _saver(obj))
-            durable.fsync_parents(step_dir, entries)
+            if entries is None:
+                entries = self._write(self._write_dir(step), objects)
+                self._own = (step, entries)
+            if durable_too and self.memory is not None:
+                written = self.memory.store.step_dir(step)
+                for name in entries:
+                    (step_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                    durable.copy_and_hash(written / name, step_dir / name)
+                durable.fsync_parents(step_dir, entries)
         except Exception as exc:  # any failure must still reach the all_gather below
             print(f"trainer: persist of step {step} failed: {exc!r}", file=sys.stderr, flush=True)
             entries = None
-        if self.persist_delay_s:
+        if self.persist_delay_s and durable_too:
             time.sleep(self.persist_delay_s)
-        gathered: list[dict[str, durable.FileEntry] | None] = self.coord.all_gather(entries)
-        if any(e is None for e in gathered):
+        gathered: list[Figures] = self.coord.all_gather(
+            dataclasses.replace(figures, entries=entries)
+        )
+        if any(f.entries is None for f in gathered):
             return  # some rank failed: leave the dir unsealed, ``latest`` where it was
+        ranks = {str(r): sorted(f.entries or {}) for r, f in enumerate(gathered)}
+        files = {name: entry for f in gathered for name, entry in (f.entries or {}).items()}
+        if self.memory is not None and objects:  # a new snapshot (not one promoted)
+            try:
+                self.memory.seal(step, files, ranks, self.engine, self.job)
+                self.memory_sealed = step
+            except OSError as exc:  # the durable commit below must still happen
+                print(f"trainer: memory seal of step {step} failed: {exc}", file=sys.stderr)
+            if not durable_too:
+                self.memory_figures = gathered
+                self._background_s = time.monotonic() - began
+                self._background_cpu_s = time.thread_time() - cpu
+        if not durable_too:
+            return
         if self.coord.rank == 0:
-            ranks = {str(r): sorted(e) for r, e in enumerate(gathered) if e is not None}
-            files = {name: entry for e in gathered if e is not None for name, entry in e.items()}
             try:
                 durable.commit(
                     self.root, step, self.coord.world_size, self.engine, files, ranks, self.job
@@ -207,7 +307,19 @@ class Checkpointer:
                 print(f"trainer: commit of step {step} failed: {exc}", file=sys.stderr, flush=True)
                 return
         self.durable_step = step
-        self._announce(step, stall)
+        self._announce(step, figures.stall_s)
+
+    def _write(self, where: Path, objects: dict[str, Any]) -> dict[str, durable.FileEntry]:
+        """Serialise ``objects`` (and copy the staged files) into ``where``."""
+        entries = durable.copy_tree(self.staging, where)
+        for name, obj in objects.items():
+            if isinstance(obj, Written):
+                for written in obj.wait():
+                    entries[written] = durable.hash_file(where / written)
+            else:
+                entries[name] = durable.write_and_hash(where / name, _saver(obj))
+        durable.fsync_parents(where, entries)
+        return entries
 
     def _announce(self, step: int, stall: float) -> None:
         if self.on_durable is not None and self.coord.rank == 0 and self.durable_step == step:
@@ -221,29 +333,10 @@ def _saver(obj: Any) -> Callable[[durable.Sink], None]:
     return save
 
 
-FileChooser = Callable[[durable.Manifest], list[str] | None]
-
-
-def find_resumable(
-    root: Path, coord: Coordination, choose: FileChooser
-) -> tuple[durable.Manifest, Path] | None:
-    """The newest checkpoint every rank can use: for each candidate step dir, ``choose``
-    names the files this rank needs (None: it cannot use that checkpoint), each rank
-    verifies its files against the manifest, and the ranks agree. Returns the manifest and
-    step dir, or None to start fresh."""
-    names: list[str] = coord.broadcast(durable.candidates(root) if coord.rank == 0 else None)
-    for name in names:
-        step_dir = root / name
-        manifest = durable.read_manifest(step_dir)
-        ok = False
-        if manifest is not None and manifest.step == durable.parse_step(name):
-            files = choose(manifest)
-            ok = files is not None and all(durable.verify(step_dir, manifest, f) for f in files)
-        if coord.all_true(ok) and manifest is not None:
-            return manifest, step_dir
-    return None
-
-
-def load_file(path: Path) -> dict[str, Any]:
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
-    return state
+def yield_cores() -> None:
+    """This thread (a memory snapshot's background work, where it shares the cores with
+    training) at the lowest CPU priority: the scheduler gives it what training leaves
+    idle (waits in collectives) before an equal share. A durable persist is never
+    lowered: a preemption notice waits on it."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)

@@ -66,6 +66,12 @@ class Engine(Protocol):
         one line; None when it does not (the files may still fail their checksums)."""
         ...
 
+    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str]:
+        """Every file rank ``rank`` opens loading ``manifest`` at the world size that wrote
+        it: its own and the other ranks' it reads too. A durable dir shows every rank
+        every file; the memory tier brings these to the rank's node."""
+        ...
+
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
         """Restore the state :meth:`snapshot` captured, from a verified checkpoint."""
         ...

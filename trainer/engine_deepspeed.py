@@ -176,6 +176,11 @@ class DeepSpeedEngine:
             sorted(n for n in manifest.files if n.startswith(f"{TAG}/")) if self.rank == 0 else []
         )
 
+    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str]:
+        """Its own files and rank 0's (the model states every rank loads under ZeRO-1/2)."""
+        names = {*manifest.ranks.get(str(rank), []), *manifest.ranks.get("0", [])}
+        return sorted(name for name in names if name.startswith(f"{TAG}/"))
+
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
         if manifest.world_size == self.world_size:
             path, _ = self.ds.load_checkpoint(str(step_dir), tag=TAG)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -29,9 +31,10 @@ from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED
 from trainer import durable, numeric
 from trainer.agent_link import AgentLink
 from trainer.beat import Beat
-from trainer.checkpoint import Checkpointer, find_resumable, load_file
+from trainer.checkpoint import Checkpointer
 from trainer.compile import CompileClock
 from trainer.control import PAUSE_POLL_S, Action, Decision, StepControl
+from trainer.coordination import find_resumable, load_file
 from trainer.data import Batches
 from trainer.engine import Engine
 from trainer.flops import Mfu
@@ -100,11 +103,25 @@ class Trainer:
         self.rewinds = numeric.Rewinds(policy.max_rewinds)
         self.probe = probe or StepProbe(engine.module, torch.device("cpu"))
         self.window = StragglerWindow(policy.straggler_window_steps) if self.rank == 0 else None
+        self.recent_steps: deque[float] = deque(maxlen=20)  # the memory tier's cadence reads them
 
     def resume(self) -> None:
-        """Load the newest checkpoint every rank can verify, if there is one."""
+        """Load the newest checkpoint every rank can verify, if there is one: the memory
+        tier's when it is newer than the durable one."""
         root, coord = self.checkpointer.root, self.checkpointer.coord
         found = find_resumable(root, coord, self._files_for)
+        durable_step = found[0].step if found is not None else None
+        tier = self.checkpointer.memory
+        if tier is not None:
+            needs = self._memory_needs
+            restored = tier.restore(needs, -1 if durable_step is None else durable_step)
+            if restored is not None:
+                self._load(*restored)
+                tier.discard_restore()
+                self.checkpointer.last_step = self.checkpointer.durable_step = durable_step
+                self.checkpointer.memory_last = self.checkpointer.memory_sealed = self.step
+                self.log("resumed_from", step=self.step, tier="memory", durable=durable_step)
+                return
         if found is None:
             why = coord.broadcast(self._unusable() if self.rank == 0 else None)
             if why is not None:
@@ -113,7 +130,11 @@ class Trainer:
             return
         manifest, step_dir = found
         self._load(manifest, step_dir)
-        self.log("resumed_from", step=self.step, job=manifest.job or "unrecorded", path=step_dir)
+        job = manifest.job or "unrecorded"
+        self.log("resumed_from", step=self.step, tier="durable", job=job, path=step_dir)
+
+    def _memory_needs(self, manifest: durable.Manifest, rank: int) -> list[str]:
+        return [*self.engine.memory_files(manifest, rank), durable.trainer_file(rank)]
 
     def _load(self, manifest: durable.Manifest, step_dir: Path) -> None:
         """Restore a verified checkpoint: the engine's state, then step, data offset, RNG."""
@@ -129,7 +150,9 @@ class Trainer:
         """After a numeric fault in the step at ``self.step``, on every rank alike: back to
         the newest durable checkpoint, skipping the data trained on since it."""
         self.rewinds.admit(self.step + 1, reason)  # NumericFault once the budget is spent
-        self.checkpointer.wait()  # a persist in flight predates the fault: let it seal
+        # a persist in flight predates the fault: let it seal; then what the memory tier
+        # holds past the checkpoint is suspect
+        self.checkpointer.forget_memory_together()
         found = find_resumable(self.checkpointer.root, self.checkpointer.coord, self._files_for)
         if found is None:
             raise numeric.no_checkpoint(self.step + 1, reason)
@@ -183,13 +206,17 @@ class Trainer:
             every = self.spec.checkpoint.every_steps  # (a rewind lands on a checkpoint)
             if self.step % every == 0 and self.checkpointer.last_step != self.step:
                 self._checkpoint()
+            elif self.checkpointer.memory_due(self.step):
+                self._memory_snapshot()
         self.beat.set_phase(DONE)  # the final checkpoint makes no steps either
         if self.checkpointer.last_step != self.step:
             self._checkpoint()
         self.checkpointer.wait()
         if self.checkpointer.durable_step != self.step:
             raise RuntimeError(f"the final checkpoint (step {self.step}) did not become durable")
-        self.log("finished", step=self.step, outcome=outcome)
+        self.checkpointer.forget_memory_together()  # the durable tier holds this step
+        memory = self.checkpointer.memory_totals
+        self.log("finished", step=self.step, outcome=outcome, **memory)
         return outcome
 
     def _boundary(self, decision: Decision) -> Outcome | None:
@@ -239,6 +266,7 @@ class Trainer:
         if self.window is not None and (report := self.window.add(self.step, totals.compute_s)):
             self._send(report)
         self.steps_run += 1
+        self.recent_steps.append(elapsed)
         self.beat.step_done(self.step, elapsed)
         if self.steps_run == 1:
             self.engine.prepare_snapshot()
@@ -267,6 +295,7 @@ class Trainer:
                 model_flops_per_token=self.mfu.flops_per_token,
                 mfu=mfu,
                 compile_s=compile_s,
+                memory_step=self.checkpointer.memory_sealed,
             )
         )
         return decision
@@ -276,6 +305,18 @@ class Trainer:
             stall = self.checkpointer.save(self.step, self._snapshot)
         in_memory = len(self.checkpointer.last_in_memory)  # files serialised in the background
         self.log("checkpoint_staged", step=self.step, stall_s=stall, in_memory=in_memory)
+
+    def _memory_snapshot(self) -> None:
+        """A snapshot into the memory tier, at the cadence every rank agrees on."""
+        step_s = statistics.median(self.recent_steps) if self.recent_steps else 0.0
+        waited = 0.0
+        if self.checkpointer.busy():  # a long wait for a persist is no hang
+            with self.beat.during(CHECKPOINT):
+                waited = self.checkpointer.settle()
+        # the snapshot itself is brief: a hang in it is one
+        change = self.checkpointer.save_to_memory(self.step, self._snapshot, step_s, waited)
+        if change is not None:
+            self.log("memory_tier", step=self.step, **change)
 
     def _snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
         """The engine's snapshot plus this rank's step, data offset and RNG (fresh

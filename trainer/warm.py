@@ -53,13 +53,25 @@ def preload() -> Main:
     try:
         import deepspeed
         import torch
-        import torch.distributed  # noqa: F401
+        import torch.distributed
 
         deepspeed.utils.logger.setLevel(logging.WARNING)
         with contextlib.suppress(ImportError):
             import torchao.float8
             import torchao.float8.float8_linear
             import torchao.float8.fsdp_utils  # noqa: F401
+        # imported late by what a rank calls, and seconds each on every restart:
+        # DeepSpeed's ZeRO optimizer check imports its Muon optimizer, whose module calls
+        # torch.compile (TorchInductor's import); torchao's float8 conversion patches
+        # Inductor's codegen; DeepSpeed's op probe imports its builders and setuptools
+        # (the probe itself asks the devices, so it stays the rank's)
+        import deepspeed.ops.op_builder.all_ops
+        import setuptools  # noqa: F401
+        import torch._inductor.codegen.triton
+        import torch._inductor.compile_fx  # noqa: F401
+
+        with contextlib.suppress(ImportError):
+            import deepspeed.runtime.zero.muon.muon_optimizer
         import trainer.engine_deepspeed
         import trainer.engine_fsdp  # noqa: F401
         from trainer import worker

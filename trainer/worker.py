@@ -28,6 +28,7 @@ import dataclasses
 import faulthandler
 import os
 import signal
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -38,13 +39,15 @@ import torch
 import torch.distributed as dist
 
 from proto.progress import Finished
-from trainer import preflight_bw, termination
+from ringmaster import rank_env
+from trainer import memory_tier, preflight_bw, termination
 from trainer.agent_link import AgentLink
 from trainer.batch_size import choose_micro_batch, forward_backward
 from trainer.beat import Beat
 from trainer.build import build_model, compile_model
-from trainer.checkpoint import Checkpointer, Coordination, default_staging_dir
+from trainer.checkpoint import Checkpointer, default_staging_dir
 from trainer.control import StepControl
+from trainer.coordination import Coordination
 from trainer.data import SYNTHETIC, Batches, Layout
 from trainer.engine import DDPEngine, Engine
 from trainer.flops import Mfu, device_peak, model_flops_per_token
@@ -211,6 +214,17 @@ def run(
             persist_gate=hooks.persist_gate,
         )
         termination.on_sigterm(checkpointer.discard_staging)
+        if ckpt.memory_tier:
+            node = os.environ.get(rank_env.NODE) or socket.gethostname()
+            checkpointer.memory, said = memory_tier.build(
+                coord,
+                launch.job_id,
+                node,
+                ckpt.memory_every_steps,
+                ckpt.every_steps,
+                memory_tier.shares_cores(device, launch.local_world_size),
+            )
+            log("memory_tier", state=said)
         control = StepControl(launch.rank, device, link, enabled=hooks.control_word)
         mfu = Mfu(model_flops_per_token(cfg, train.seq_len), device_peak(device), launch.world_size)
         knobs = SimKnobsReader.from_env(os.environ, lambda why: log("sim_knobs", warning=why))

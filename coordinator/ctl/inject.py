@@ -3,9 +3,11 @@ over NATS; process faults (``proto.faults.PROCESS_FAULTS``) are carried out here
 local cluster's files: ``kill-agent``, ``kill-worker``, ``lose-node`` and ``hang`` are
 signals (the agent's PID is in the local cluster's ``pids/``, the ranks' in the agent's
 run directory), ``restart-agent`` is a SIGKILL and the same agent started again
-(``coordinator.ctl.local.restart_agent``), ``slow`` and ``nan-loss`` are knobs the node's
-ranks read each step (``ringmaster.rundir.sim_knobs``). ``clear`` clears both: the
-simulator's faults, and here the knobs and any rank left stopped by ``hang``."""
+(``coordinator.ctl.spawn.restart_agent``), ``slow`` and ``nan-loss`` are knobs the node's
+ranks read each step (``ringmaster.rundir.sim_knobs``). Network faults
+(``proto.net_faults``) act on the namespaces of ``up --netns``
+(``coordinator.ctl.netns_faults``). ``clear`` clears all: the simulator's faults, and
+here the knobs, any rank left stopped by ``hang`` and the node's network faults."""
 
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from coordinator.ctl import netns_faults
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import agent_process, agent_run_dir, pid_file
-from coordinator.ctl.local import restart_agent
+from coordinator.ctl.spawn import restart_agent
 from proto import subjects
 from proto.api import InjectFault, InjectReply
 from proto.codec import encode
@@ -37,7 +40,9 @@ from proto.faults import (
     SlowFault,
     parse_fault,
 )
+from proto.net_faults import NET_FAULTS
 from proto.node import NodeRecord
+from ringmaster import memory_store
 from ringmaster.procs import pid_alive, read_pid
 from ringmaster.rundir import LiveRank, live_ranks, sim_knobs
 
@@ -52,12 +57,15 @@ async def inject(s: Session, node: str, text: str, home: Path) -> str:
         raise CtlError(f"no node {node!r} in cluster {s.cluster!r}", code=2)
     if not record.simulated:
         raise CtlError(f"node {node} is real hardware: inject works on simulated nodes only", 2)
+    if isinstance(fault, NET_FAULTS):
+        return netns_faults.apply(home, node, fault)
     local = _local(fault, node, home)
     if local is not None:
         return local
     said = await _to_simulator(s, node, text)
     if isinstance(fault, ClearFault):
         _clear(node, home)
+        said = "; ".join([said, *netns_faults.clear(home, node)])
     return said
 
 
@@ -77,7 +85,9 @@ def _local(fault: Fault, node: str, home: Path) -> str | None:
             agent, ranks = _agent_pid(node, home), live_ranks(run_dir)
             for pid in (agent, *(r.pid for r in ranks)):
                 _signal(pid, signal.SIGKILL, quiet=True)
-            return f"lost {node}: killed its agent (pid {agent}) and {len(ranks)} rank(s)"
+            gone = memory_store.remove_node(memory_store.SHM, node)  # and its RAM
+            said = f"lost {node}: killed its agent (pid {agent}) and {len(ranks)} rank(s)"
+            return said + (f", dropped {len(gone)} memory snapshot store(s)" if gone else "")
         case HangFault(rank=want):
             ranks = _ranks(node, run_dir)
             chosen = [r for r in ranks if want is None or r.rank == want][:1]

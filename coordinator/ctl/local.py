@@ -3,7 +3,8 @@ JetStream, one hardware simulator for all nodes, one real agent per node pointed
 simulated tree, and one or two coordinators. Every process is detached (its own session),
 with its PID in ``DIR/pids`` and its log in ``DIR/logs``. With ``auth`` (the default) the
 server admits only the users of ``coordinator.auth``: each process gets its own creds file
-in ``DIR/secrets``, by path, and the CLI uses ``operator.json``."""
+in ``DIR/secrets``, by path, and the CLI uses ``operator.json``. With ``netns`` each node
+is a host of its own on a control and a data network (``coordinator.ctl.netns``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
 from coordinator.auth import OPERATOR, SIMULATOR, agent_user, creds_path
 from coordinator.auth import init as init_auth
+from coordinator.ctl import netns as ns
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import (
     LocalCluster,
@@ -32,18 +33,22 @@ from coordinator.ctl.home import (
     pids_dir,
     running,
 )
+from coordinator.ctl.spawn import spawn
 from coordinator.embedded_nats import NatsServerMissing, start_nats_server
 from coordinator.kvstore import Buckets, bind
 from proto.node import NodeRecord, NodeState
-from ringmaster.auth import ENV as ENV_CREDS
+from ringmaster import memory_store
 from ringmaster.bus import connect
 from ringmaster.metrics import ANY_PORT
 from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
 from ringmaster.rundir import live_ranks
 
-# Every daemon of a local cluster serves /metrics on a port the kernel picks (many share one
-# host), on loopback only; `status --json` names each one's URL.
-METRICS_FLAGS = [f"--metrics-port={ANY_PORT}", "--metrics-addr=127.0.0.1"]
+
+def metrics_flags(addr: str = "127.0.0.1") -> list[str]:
+    """Every daemon of a local cluster serves /metrics on a port the kernel picks (many
+    share one host), on loopback, or in a namespace on its control address so the host
+    reaches it; `status --json` names each one's URL."""
+    return [f"--metrics-port={ANY_PORT}", f"--metrics-addr={addr}"]
 
 
 def up(
@@ -54,6 +59,9 @@ def up(
     cluster: str,
     timeout: float = 90.0,
     auth: bool = True,
+    netns: bool = False,
+    ctl_net: str = ns.CTL_NET,
+    data_net: str = ns.DATA_NET,
 ) -> LocalCluster:
     if nodes < 1 or gpus < 1:
         raise CtlError("--nodes and --gpus-per-node must be at least 1", code=2)
@@ -72,8 +80,18 @@ def up(
     def creds(principal: str) -> list[str]:
         return ["--creds", str(creds_path(directory, principal))] if auth else []
 
+    net = ns.plan(directory, names, ctl_net, data_net) if netns else None
+    if net is not None:
+        ns.create(directory, net)
+    else:  # a namespaced cluster's record, left by a crash: not this cluster's
+        ns.record_file(directory).unlink(missing_ok=True)
     try:
-        server = start_nats_server(directory / "nats", detach=True, config=config)
+        server = start_nats_server(
+            directory / "nats",
+            detach=True,
+            config=config,
+            host=net.host_addr if net else "127.0.0.1",
+        )
     except (NatsServerMissing, RuntimeError) as exc:
         raise CtlError(str(exc)) from None
     pid_file(directory, "nats-server").write_text(str(server.pid))
@@ -89,17 +107,21 @@ def up(
     py = sys.executable
     sim = [py, "-m", "nodeagent.sim", "--root", str(root), "--nodes", ",".join(names)]
     sim += ["--nats", server.url, "--cluster", cluster, "--gpus", str(gpus), *creds(SIMULATOR)]
-    _spawn("simulator", sim, directory)
+    sim += ["--netns-host", net.host_addr] if net else []
+    spawn("simulator", sim, directory)
     try:
         wait_until(lambda: all((root / n / ".ready").exists() for n in names), 60)
     except TimeoutError:
         raise CtlError("the simulator did not come up within 60 s") from None
     for name in names:
         # agent.toml (written by the simulator) points the real agent at this node's
-        # simulated trees, stub NVML library, metadata service and clock skew.
-        _spawn(
+        # simulated trees, stub NVML library, metadata service and clock skew. In a
+        # namespace it advertises its data address: the rendezvous master listens there.
+        host = net.nodes[name] if net else None
+        spawn(
             agent_process(name),
             [
+                *ns.wrapper(net, name),
                 py,
                 "-m",
                 "nodeagent.cli",
@@ -116,16 +138,17 @@ def up(
                 "--gpus",
                 str(gpus),
                 "--advertise-addr",
-                "127.0.0.1",
+                host.data_addr if host else "127.0.0.1",
                 *creds(agent_user(name)),
-                *METRICS_FLAGS,
+                *metrics_flags(host.ctl_addr if host else "127.0.0.1"),
             ],
             directory,
         )
     for coordinator in coordinators:
-        _spawn(
+        spawn(
             coordinator,
             [
+                *ns.wrapper(net, "coordinators"),
                 py,
                 "-m",
                 "coordinator.cli",
@@ -136,14 +159,14 @@ def up(
                 "--nats",
                 server.url,
                 *creds(coordinator),
-                *METRICS_FLAGS,
+                *metrics_flags(net.coordinators.ctl_addr if net else "127.0.0.1"),
             ],
             directory,
         )
     seen: dict[str, NodeRecord] = {}
     try:
         operator = str(creds_path(directory, OPERATOR)) if auth else None
-        asyncio.run(_await_nodes(local, operator, seen, timeout))
+        asyncio.run(await_nodes(local, operator, seen, timeout))
     except TimeoutError:
         missing = ", ".join(n for n in names if n not in seen)
         raise CtlError(
@@ -152,92 +175,18 @@ def up(
     for record in seen.values():
         if record.state is not NodeState.READY:
             # registered but not admissible: the operator should know before starting a job
-            why = "; ".join(c.reason or c.key for c in record.conditions) or "no reason given"
-            print(f"ringmaster: {record.id} is {record.state.value}: {why}", file=sys.stderr)
+            print(
+                f"ringmaster: {record.id} is {record.state.value}: {why(record)}", file=sys.stderr
+            )
     return local
 
 
-def _spawn(
-    name: str,
-    argv: list[str],
-    directory: Path,
-    env: dict[str, str] | None = None,
-    cwd: str | None = None,
-) -> int:
-    """Start ``name`` detached, its output appended to its log, its PID in ``pids/``;
-    ``env`` None: ours, less the caller's creds (each process gets its own by flag)."""
-    if env is None:
-        env = {k: v for k, v in os.environ.items() if k != ENV_CREDS} | {"PYTHONUNBUFFERED": "1"}
-    with (directory / "logs" / f"{name}.log").open("ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-            cwd=cwd,
-        )
-    pid_file(directory, name).write_text(str(proc.pid))
-    launch = {"argv": argv, "env": env, "cwd": cwd}
-    _launch_file(directory, name).write_bytes(msgspec.json.encode(launch))
-    return proc.pid
+def why(record: NodeRecord) -> str:
+    """A node's open conditions in one line, for the operator."""
+    return "; ".join(c.reason or c.key for c in record.conditions) or "no reason given"
 
 
-def _launch_file(directory: Path, name: str) -> Path:
-    """How ``name`` was started (argv, environment, working directory): a crashed agent
-    is started again from it, as systemd would from its unit."""
-    return pids_dir(directory) / f"{name}.launch.json"
-
-
-def restart_agent(directory: Path, node: str, timeout: float = 15.0) -> str:
-    """The agent of ``node`` crashes and is started again as systemd's ``Restart=`` would:
-    SIGKILL, then the same command line, environment, working directory and log file
-    (read from ``/proc`` before the kill), its new PID in ``pids/``. Its ranks live on."""
-    name = agent_process(node)
-    pid = read_pid(pid_file(directory, name))
-    if pid is None or not pid_alive(pid):
-        return _start_again(directory, node, name)
-    proc = Path(f"/proc/{pid}")
-    try:
-        argv = [os.fsdecode(a) for a in (proc / "cmdline").read_bytes().split(b"\0")[:-1]]
-        pairs = (
-            os.fsdecode(e).partition("=") for e in (proc / "environ").read_bytes().split(b"\0")
-        )
-        env = {key: value for key, sep, value in pairs if sep}
-        cwd = str((proc / "cwd").readlink())
-    except OSError as exc:
-        raise CtlError(f"cannot read how the agent of {node} was started: {exc.strerror}") from None
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    try:
-        wait_until(lambda: not pid_alive(pid), timeout)
-    except TimeoutError:
-        raise CtlError(
-            f"the agent of {node} (pid {pid}) outlived SIGKILL for {timeout:.0f} s"
-        ) from None
-    started = _spawn(name, argv, directory, env=env, cwd=cwd)
-    return f"restarted the agent of {node}: killed pid {pid}, started pid {started}"
-
-
-def _start_again(directory: Path, node: str, name: str) -> str:
-    """The agent of ``node`` is already dead (a lost machine, repaired): start it as it
-    was started the last time."""
-    try:
-        launch = msgspec.json.decode(_launch_file(directory, name).read_bytes(), type=_Launch)
-    except (OSError, msgspec.DecodeError):
-        raise CtlError(f"no record of how the agent of {node} was started") from None
-    started = _spawn(name, launch.argv, directory, env=launch.env, cwd=launch.cwd)
-    return f"started the agent of {node} again (it was not running): pid {started}"
-
-
-class _Launch(msgspec.Struct):
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str | None = None
-
-
-async def _await_nodes(
+async def await_nodes(
     local: LocalCluster, creds: str | None, seen: dict[str, NodeRecord], timeout: float
 ) -> None:
     """Wait until the coordinator has a live record of every node, whatever its health: a
@@ -281,7 +230,9 @@ def _order(name: str) -> int:
 
 
 def down(directory: Path, timeout: float = 15.0) -> list[str]:
-    """Stop every rank, daemon and server ``up`` started. Returns what was stopped."""
+    """Stop every rank, daemon and server ``up`` started, then remove the namespaces,
+    veths and bridges of ``up --netns`` (swept by name even when unrecorded). Returns
+    what was stopped and removed."""
     stopped: list[str] = []
     daemons = sorted(pids_dir(directory).glob("*.pid"), key=lambda p: _order(p.stem))
     # Coordinators and agents first: a coordinator still running would answer the ranks'
@@ -294,9 +245,14 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
         for rank in live_ranks(run_dir):
             _kill_group(rank.pid, timeout)
             stopped.append(f"rank {rank.job}/rank-{rank.rank} ({rank.pid})")
+        node = run_dir.parent.name  # and the RAM its jobs' memory tier holds there
+        for job in sorted(p.name for p in (run_dir / "jobs").glob("*")):
+            if memory_store.remove_job_node(memory_store.SHM, job, node):
+                stopped.append(f"memory snapshots of {job} on {node}")
     for pidfile in daemons:
         if pidfile not in deciders:
             stopped += _stop_pidfile(pidfile, timeout)
+    stopped += ns.remove(directory)
     (directory / "cluster.json").unlink(missing_ok=True)
     return stopped
 

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from nats.errors import Error as NatsError
 from rich.console import Console
 
 from coordinator.auth import init as init_auth
-from coordinator.ctl import local
+from coordinator.ctl import join, local, netns
 from coordinator.ctl.bus import Session, session
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import home, resolve, resolve_creds
@@ -56,6 +57,13 @@ def build() -> argparse.ArgumentParser:
     up.add_argument("--standby", action="store_true", help="also start a standby coordinator")
     up.add_argument("--json", action="store_true")
     up.add_argument(
+        "--netns",
+        action="store_true",
+        help="root: each node in its own network namespace, on a control and a data network",
+    )
+    up.add_argument("--ctl-net", default=netns.CTL_NET, help="with --netns: the control network")
+    up.add_argument("--data-net", default=netns.DATA_NET, help="with --netns: the data network")
+    up.add_argument(
         "--auth",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -69,6 +77,22 @@ def build() -> argparse.ArgumentParser:
     init.add_argument("--coordinators", default="coordinator-0", help="comma-separated ids")
     init.add_argument("--out", type=Path, required=True, help="directory to write into")
     sub.add_parser("down", parents=[common], help="stop everything up started")
+    jn = sub.add_parser(
+        "join", parents=[common], help="start a real node's agent in the local cluster"
+    )
+    jn.add_argument("node", help="its node id")
+    jn.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="ranks it hosts (default: the cluster's --gpus-per-node); on CPU without GPUs",
+    )
+    jn.add_argument(
+        "--print",
+        dest="print_only",
+        action="store_true",
+        help="admit it and print its nodeagent command line, without starting it",
+    )
     start = sub.add_parser("start", parents=[common], help="submit a job")
     start.add_argument("jobfile", type=Path)
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
@@ -149,7 +173,15 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "up":
         cluster = args.cluster or os.environ.get("RINGMASTER_CLUSTER") or "local"
         info = local.up(
-            directory, args.nodes, args.gpus_per_node, args.standby, cluster, auth=args.auth
+            directory,
+            args.nodes,
+            args.gpus_per_node,
+            args.standby,
+            cluster,
+            auth=args.auth,
+            netns=args.netns,
+            ctl_net=args.ctl_net,
+            data_net=args.data_net,
         )
         if args.json:
             print(json.dumps({"dir": str(directory), "nats": info.nats, "nodes": info.nodes}))
@@ -159,13 +191,25 @@ def dispatch(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 0
+    if args.command == "join":
+        return join_node(directory, args)
     if args.command == "down":
         for what in local.down(directory):
-            print(f"stopped {what}", file=sys.stderr)
+            print(what if what.startswith("removed ") else f"stopped {what}", file=sys.stderr)
         return 0
     url, cluster = resolve(args.nats, args.cluster, args.dir)
     creds = resolve_creds(args.creds, args.dir)
     return asyncio.run(_remote(args, url, cluster, creds, directory))
+
+
+def join_node(directory: Path, args: argparse.Namespace) -> int:
+    if args.gpus is not None and args.gpus < 1:
+        raise CtlError("--gpus must be at least 1", code=2)
+    if args.print_only:
+        print(shlex.join(join.command(directory, args.node, args.gpus)[1]))
+    else:
+        print(join.join(directory, args.node, args.gpus), file=sys.stderr)
+    return 0
 
 
 def auth_init(args: argparse.Namespace) -> int:

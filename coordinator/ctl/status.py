@@ -80,8 +80,8 @@ def render(console: Console, data: Any, job_id: str | None, *, wide: bool = Fals
         nvme = " ".join(f"{v:.0f}" for v in tel["nvme_latency_us"].values()) or "-"
         temps = " ".join(f"{g['temp_c']:.0f}" for g in tel["gpus"] if g.get("temp_c")) or "-"
         clock = f"{tel['clock_offset_ms']:.2f}" if tel.get("clock_offset_ms") is not None else "-"
-        # why a node is not ready: its agent's open conditions (the evidence), else why
-        # the coordinator drains it
+        # why a node is not ready: its agent's open conditions (the evidence, advisory
+        # ones on a ready node too: what it runs with), else why the coordinator drains it
         faults = "; ".join(c["reason"] or c["kind"] for c in n["conditions"])
         faults = faults or n.get("drain_reason") or ""
         rows.append(

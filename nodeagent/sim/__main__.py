@@ -46,6 +46,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nvme-devices", type=int, default=2, help="NVMe namespaces per node")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs per node (stub NVML)")
     parser.add_argument("--pidfile", type=Path, help="write this process's id here")
+    parser.add_argument(
+        "--netns-host",
+        metavar="ADDR",
+        help="each node's agent runs in its own network namespace and reaches this host at "
+        "ADDR (coordinatorctl up --netns): the metadata services listen there, and the "
+        "agents read their links (real veths) from their namespace's /sys",
+    )
     args = parser.parse_args(argv)
     try:
         subjects.check_token(args.cluster, "cluster")
@@ -87,7 +94,10 @@ def handle_inject(node: SimulatedNode, data: bytes) -> InjectReply:
 
 
 async def run(args: argparse.Namespace) -> None:
-    services = {n: MetadataServer().start() for n in args.nodes}
+    host = args.netns_host or "127.0.0.1"
+    services = {n: MetadataServer(host=host).start() for n in args.nodes}
+    # in a namespace the data link is real: the agent reads it where the kernel shows it
+    links = {"network": {"nic_sysfs": "/sys"}} if args.netns_host else None
     nodes = [
         SimulatedNode(args.root / n, n, args.nvme_devices, gpus=args.gpus, metadata=services[n])
         for n in args.nodes
@@ -95,7 +105,7 @@ async def run(args: argparse.Namespace) -> None:
     for node in nodes:
         (node.root / ".ready").unlink(missing_ok=True)  # a marker left by an earlier run
         node.tick(args.tick)
-        agent_config.write(node)
+        agent_config.write(node, links)
         if node.gpus is not None and node.gpus.error:
             log.warning("no simulated GPUs", node=node.node, error=node.gpus.error)
     try:

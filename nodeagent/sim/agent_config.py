@@ -9,11 +9,11 @@ command-line flags still override it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from nodeagent.sim.node import SimulatedNode
+from ringmaster.toml_out import to_toml
 
 FILE = "agent.toml"
 
@@ -49,6 +49,7 @@ def settings(node: SimulatedNode) -> dict[str, Any]:
             "hold_s": 2.0,
         },
         "preemption": preemption,
+        "network": {"data_interface": "data0"},  # the tree's class/net/data0
         "preflight": {
             "data_dir": str(tree),
             "checkpoint_dir": str(tree / "checkpoints"),
@@ -67,25 +68,3 @@ def write(node: SimulatedNode, overrides: dict[str, Any] | None = None) -> Path:
     partial.write_text(to_toml(data))
     partial.replace(path)
     return path
-
-
-def to_toml(data: dict[str, Any]) -> str:
-    """Top-level keys, then one table per section; values are strings, numbers, booleans
-    and lists of those (msgspec reads TOML but writes it only with tomli_w)."""
-    lines = [f"{k} = {_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    for section, table in data.items():
-        if isinstance(table, dict):
-            lines += ["", f"[{section}]", *(f"{k} = {_value(v)}" for k, v in table.items())]
-    return "\n".join(lines) + "\n"
-
-
-def _value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a TOML basic string
-    if isinstance(value, list):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")

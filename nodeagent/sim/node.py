@@ -33,6 +33,10 @@ NOISE_US = 2.0  # ± per tick
 IOPS_RANGE = (3000.0, 6000.0)
 READ_SHARE = (0.6, 0.8)
 SECTORS_PER_IO = 8  # 4 KiB I/Os in 512-byte sectors
+# The data link the agent watches (its network.data_interface), up: nothing opens.
+DATA_LINK = {"carrier": "1", "operstate": "up", "carrier_changes": "1"} | {
+    f"statistics/{c}": "0" for c in ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
+}
 
 
 @dataclass
@@ -96,6 +100,8 @@ class SimulatedNode:
         # Host settings a test or an operator laid down before the simulator started stay.
         _write_absent(self.roots.procfs / "sys" / "net" / "core" / "somaxconn", "65535\n")
         (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)
+        for name, value in DATA_LINK.items():
+            _write_new(self.roots.sysfs / "class" / "net" / "data0" / name, f"{value}\n")
         block = self.roots.sysfs / "block"
         block.mkdir(parents=True, exist_ok=True)
         for i in range(nvme_devices):
@@ -144,10 +150,15 @@ class SimulatedNode:
         disk.flushes += flushes
         disk.flush_ns += flushes * per_io_ns
         disk.busy_ns += min(round(dt * 1e9), n * per_io_ns)
-        disk.in_flight = rng.randint(0, 4)
+        # Queued I/O only while a latency fault holds the device: a healthy simulated
+        # device completes its I/O between ticks, so a tick that runs late under load
+        # (the simulator shares the host with training) is an idle window, not the
+        # stalled queue an agent would rightly report on a real device.
+        slow = device_fault(self._latency, disk.name) is not None
+        disk.in_flight = rng.randint(1, 4) if slow else 0
 
     def _latency_us(self, device: str) -> float:
-        fault = self._latency.get(device) or self._latency.get(None)
+        fault = device_fault(self._latency, device)
         return fault.latency_us if fault else BASELINE_US
 
     def apply(self, fault: str) -> None:
@@ -235,3 +246,10 @@ def _write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="ascii")
     tmp.replace(path)
+
+
+def device_fault(
+    faults: dict[str | None, NvmeLatencyFault], device: str
+) -> NvmeLatencyFault | None:
+    """The fault that holds ``device``: its own, else the node-wide one (key None)."""
+    return faults.get(device) or faults.get(None)

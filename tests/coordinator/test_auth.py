@@ -5,6 +5,8 @@ running the generated configuration: refusals are asserted as the server reports
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -217,3 +219,48 @@ def test_the_cli_says_so_in_one_line(
     bad.write_text("{}")
     assert ctl_main(["status", "--nats", server.url, "--creds", str(bad)]) == 2
     assert "creds file" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_a_node_joins_a_running_server_on_reload(
+    secured: tuple[NatsServer, Path], connect_as: Opener
+) -> None:
+    server, directory = secured
+    before = (await connect_as("agent-node-a")).nc
+    creds = auth.add_agent(directory, CLUSTER, "node-c")
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+    with pytest.raises(Refused):  # written, not yet read by the server
+        await connect(server.url, "test", str(creds))
+    server.process.send_signal(signal.SIGHUP)
+    for _ in range(100):
+        try:
+            await (await connect(server.url, "test", str(creds))).close()
+            break
+        except Refused:
+            await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the reloaded server never admitted the new agent")
+    joined = await connect_as("agent-node-c")
+    await joined.nc.publish(subjects.heartbeat(CLUSTER, "node-c"), b"{}")
+    await joined.nc.publish(subjects.heartbeat(CLUSTER, "node-a"), b"{}")
+    assert await joined.refused(subjects.heartbeat(CLUSTER, "node-a"))
+    assert not any("node-c" in e for e in joined.errors), joined.errors
+    assert before.is_connected  # the reload disconnected nobody
+
+
+def test_joining_again_replaces_the_node_user_alone(tmp_path: Path) -> None:
+    conf = auth.init(tmp_path, CLUSTER, NODES, COORDINATORS)
+
+    def users() -> dict[str, str]:
+        body = json.loads(conf.read_text().partition(auth.BLOCK)[2])
+        return {u["user"]: u["password"] for u in body["users"]}
+
+    first = users()
+    auth.add_agent(tmp_path, CLUSTER, "node-c")
+    auth.add_agent(tmp_path, CLUSTER, "node-c")
+    after = users()
+    assert set(after) == {*first, "agent-node-c"}
+    assert {k: after[k] for k in first} == first
+    password = json.loads((tmp_path / "secrets" / "agent-node-c.json").read_text())["password"]
+    assert after["agent-node-c"] == password
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o600

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from coordinator.ctl.status import left_out, render
-from proto.conditions import Condition, ConditionKind
+from proto.conditions import Condition, ConditionKind, Severity
 from proto.node import NodeRecord, NodeState
 
 
@@ -27,7 +27,15 @@ def row(text: str, node: str) -> str:
 
 def test_conditions_column_shows_the_evidence_then_the_drain_reason() -> None:
     preflight = Condition(
-        kind=ConditionKind.PREFLIGHT, node="n-pre", reason="somaxconn 128 (want >= 65535)"
+        kind=ConditionKind.PREFLIGHT,
+        node="n-pre",
+        reason="preflight failed: shm_size 0.1 GB (want >= 8 GB)",
+    )
+    warned = Condition(
+        kind=ConditionKind.PREFLIGHT,
+        node="n-warn",
+        severity=Severity.INFO,
+        reason="preflight passed with warnings: somaxconn 4096 (want >= 65535)",
     )
     spike = Condition(
         kind=ConditionKind.NVME_LATENCY,
@@ -38,10 +46,13 @@ def test_conditions_column_shows_the_evidence_then_the_drain_reason() -> None:
     text = rendered(
         NodeRecord(id="n-ok", state=NodeState.READY),
         NodeRecord(id="n-pre", state=NodeState.DEGRADED, conditions=[preflight]),
+        NodeRecord(id="n-warn", state=NodeState.READY, conditions=[warned]),
         NodeRecord(id="n-spike", state=NodeState.DEGRADED, conditions=[spike]),
         NodeRecord(id="n-drain", state=NodeState.DRAINING, drain_reason="clock resync failed"),
     )
-    assert "somaxconn 128 (want >= 65535)" in row(text, "n-pre")
+    assert "shm_size 0.1 GB (want >= 8 GB)" in row(text, "n-pre")
+    warn = row(text, "n-warn")
+    assert "ready" in warn and "somaxconn 4096 (want >= 65535)" in warn, "a ready node's warning"
     seen = row(text, "n-spike")
     assert "nvme0n1 latency 900 µs above 100 µs" in seen and spike.key not in seen
     assert "clock resync failed" in row(text, "n-drain")

@@ -43,6 +43,8 @@ def start_agent(url: str, run_dir: Path, sysfs: Path, config: Path) -> subproces
             str(sysfs),
             "--advertise-addr",
             "127.0.0.1",
+            "--metrics-port",  # its fixed default port would clash with another test's
+            "0",
         ],
         stdout=subprocess.DEVNULL,
         stderr=(run_dir.parent / "agent.log").open("ab"),

@@ -5,11 +5,15 @@ from __future__ import annotations
 import pytest
 
 from coordinator.goodput import (
+    MAX_LAG_S,
     account,
+    began_training,
     charge_detection,
     charge_lost_work,
     move_stall,
     observe_step_time,
+    stamp,
+    stepped,
 )
 from proto.job import GOODPUT_BUCKETS, JobRecord, JobSection, JobSpec, JobState
 
@@ -100,3 +104,50 @@ def test_lost_work_is_charged_at_the_ranks_own_step_time() -> None:
     charge_lost_work(j, 30)  # 10 steps redone, 0.5 s each, 2 GPUs
     assert j.goodput["lost_work"] == pytest.approx(10.0)
     assert j.goodput["productive"] == pytest.approx(90.0)
+
+
+def test_a_late_first_step_report_is_training_from_the_ranks_stamp() -> None:
+    """Launched at 100 s; the first step finished at 110 s, its report arrived at 112.5 s."""
+    j = job(JobState.STARTING, attempt_started_at=100.0)
+    account(j, 100.0)
+    account(j, 112.0)  # the ticks charged start-up meanwhile
+    began_training(j, 110.0, 112.5)
+    j.state = JobState.RUNNING
+    account(j, 113.0)  # up to the stall threshold after that step
+    assert j.goodput["startup"] == pytest.approx(10.0 * 4)
+    assert j.goodput["productive"] == pytest.approx(3.0 * 4)
+
+
+def test_a_stamp_never_reaches_back_past_the_attempt_or_the_lag_bound() -> None:
+    assert stamp(0.0, 500.0) == 500.0  # no stamp: the arrival
+    assert stamp(900.0, 500.0) == 500.0  # from the future: now
+    assert stamp(1.0, 500.0) == 500.0 - MAX_LAG_S
+    j = job(JobState.STARTING, restarts=1, attempt_started_at=108.0)
+    j.goodput = dict.fromkeys(GOODPUT_BUCKETS, 0.0) | {"recovery": 100.0}  # earlier faults
+    j.accounted_at = 108.0
+    began_training(j, 100.0, 110.0)  # a stamp before this attempt launched
+    assert j.goodput["recovery"] == pytest.approx(100.0 + 2.0 * 4 - 2.0 * 4)
+    assert j.goodput["productive"] == pytest.approx(2.0 * 4)
+
+
+def test_reports_late_past_the_stall_threshold_are_no_stall_when_the_stamps_say_so() -> None:
+    """Steps every 0.1 s by the ranks' stamps; their reports held up 5 s (threshold 3 s)."""
+    j = job(JobState.RUNNING)
+    account(j, 100.0)
+    stepped(j, 100.0, 100.0)
+    account(j, 105.0)  # no report for 5 s: 2 s past the threshold charged as a stall
+    assert j.goodput["recovery"] == pytest.approx(2.0 * 4)
+    for k in range(1, 51):  # the held-up reports, all arriving at once
+        stepped(j, 100.0 + 0.1 * k, 105.1)
+    assert j.goodput["recovery"] == pytest.approx(0.0)
+    assert j.goodput["productive"] == pytest.approx(5.1 * 4)
+
+
+def test_a_real_gap_between_the_stamps_stays_a_stall() -> None:
+    j = job(JobState.RUNNING)
+    account(j, 100.0)
+    stepped(j, 100.0, 100.0)
+    account(j, 106.0)
+    stepped(j, 105.0, 106.0)  # the ranks did not step for 5 s: 2 s past the threshold
+    assert j.goodput["recovery"] == pytest.approx(2.0 * 4)
+    assert j.goodput["productive"] == pytest.approx(4.0 * 4)

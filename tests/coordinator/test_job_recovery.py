@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import pytest
 from test_jobs import Cluster, exited, rank0, spec
 
@@ -27,6 +28,7 @@ from proto.events import (
     WorkerStraggler,
 )
 from proto.job import JobRecord, JobState
+from proto.node import RankReport
 from proto.progress import Checkpointed, Finished, Rewound, StepDone, Stragglers
 
 pytestmark = pytest.mark.anyio
@@ -93,6 +95,24 @@ async def test_a_lost_node_whose_ranks_still_step_is_not_restarted() -> None:
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))  # ... ranks still step
     await m.on_event(NodeLost(node="node-1"))
     assert job.state is JobState.RUNNING and job.restarts == 0
+
+
+@pytest.mark.parametrize(("ahead", "restarted"), [(3, False), (1, True)])
+async def test_rank_0_silent_with_its_node_is_judged_by_its_peers_steps(
+    ahead: int, restarted: bool
+) -> None:
+    """Rank 0's node off the bus: its word (job.step) stops with its agent's, but the peer
+    node's beat says how far its own rank got. Steps past rank 0's word mean rank 0 steps
+    too; a peer at most one step on is what a dead rank 0 leaves behind. (Rank 0's last
+    word came before node-0 was due again: no step since it went silent.)"""
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    peer = c.registry.nodes["node-1"]
+    report = RankReport(job=job.id, rank=1, attempt=job.attempt, pid=1, alive=True)
+    peer.ranks = [msgspec.structs.replace(report, last_step=job.step + ahead)]
+    await m.on_event(NodeLost(node="node-0"))
+    assert (job.state is JobState.RECOVERING) is restarted and job.restarts == int(restarted)
 
 
 async def test_a_preemption_checkpoints_at_a_boundary_and_resumes_from_there() -> None:

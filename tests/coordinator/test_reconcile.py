@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -138,3 +139,29 @@ async def test_an_orphan_reported_for_over_a_beat_is_killed_bounded_to_its_attem
     await m.tick()  # still reported: not again before ORPHAN_RETRY_S
     await m.settle()
     assert len(c.agents.commands(Stop)) == kills + 1
+
+
+@pytest.mark.anyio
+async def test_a_node_still_starting_its_ranks_is_not_missing_them() -> None:
+    """Until every node has answered the launch, a beat without the new ranks is no
+    evidence: node-1 may be waiting for its ranks' interpreters."""
+    c = Cluster()
+    m = c.leader()
+    job = m.jobs[(await m.submit(SubmitJob(spec=spec(2), workdir="/w"))).job]
+    c.agents.slow.add("node-1")
+    await m.tick()  # starts the launch; node-0 answers, node-1 does not yet
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert job.state is JobState.STARTING and job.attempt == 1
+    for seq in (5, 6):  # beats from both nodes well after the launch began
+        started = RankReport(job=job.id, rank=0, attempt=1, pid=10_000, alive=True)
+        for name, ranks in (("node-0", [started]), ("node-1", [])):
+            beat = Heartbeat(node=name, seq=seq, sent_at=time.time(), gpus=1, ranks=ranks)
+            c.registry.observe(beat, time.monotonic() + 10.0 * seq)
+        await m.tick()
+    assert job.state is JobState.STARTING and job.restarts == 0, job.reason
+    assert "exited" not in " ".join(c.kinds())
+    c.agents.go.set()
+    await m.settle()
+    assert job.state is JobState.STARTING and job.restarts == 0
+    assert m.launcher.launched_at[job.id][0] == 1

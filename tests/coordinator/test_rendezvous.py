@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coordinator.registry import NodeInfo, Registry
 from coordinator.rendezvous import admit, cpu_slice, plan
-from proto.conditions import Condition, ConditionKind
+from proto.conditions import Condition, ConditionKind, Severity
 from proto.node import Heartbeat, NodeState
 
 
@@ -15,7 +15,11 @@ def node(i: int, *conditions: Condition, **kw: object) -> NodeInfo:
 
 
 def test_admission_takes_healthy_nodes_in_id_order_and_explains_skips() -> None:
-    preflight = Condition(kind=ConditionKind.PREFLIGHT, node="node-1", reason="somaxconn 128")
+    preflight = Condition(
+        kind=ConditionKind.PREFLIGHT,
+        node="node-1",
+        reason="preflight failed: shm_size 0.1 GB (want >= 8 GB)",
+    )
     link = Condition(kind=ConditionKind.TOPOLOGY, node="node-2", subject="0-1")
     nodes = [node(3), node(1, preflight), node(0), node(2, link), node(4)]
     adm = admit(nodes, 2, 8, busy={"node-4"}, exclude={})
@@ -90,6 +94,46 @@ def test_conditions_degrade_a_node_until_they_close() -> None:
     assert node.why_not_healthy() == "nvme0n1 latency 900 µs above 100 µs"
     reg.observe_condition(spike(since=2.0, active=False))
     assert reg.nodes["n"].state is NodeState.READY
+
+
+def test_warnings_alone_leave_a_node_ready_and_eligible() -> None:
+    """A node with only advisory conditions (preflight warnings, a clock unsynchronised
+    but in bounds) is ready and admitted, and still shows them; a required preflight check
+    failing (the same kind at warning) refuses it."""
+    warned = Condition(
+        kind=ConditionKind.PREFLIGHT,
+        node="node-0",
+        severity=Severity.INFO,
+        reason="preflight passed with warnings: somaxconn 4096 (want >= 65535)",
+    )
+    clock = Condition(
+        kind=ConditionKind.CLOCK,
+        node="node-0",
+        severity=Severity.INFO,
+        reason="clock unsynchronised (offset +0.10 ms)",
+    )
+    failed = Condition(
+        kind=ConditionKind.PREFLIGHT,
+        node="node-1",
+        reason="preflight failed: shm_size 0.1 GB (want >= 8 GB); warning: somaxconn 4096 "
+        "(want >= 65535)",
+    )
+    reg = Registry()
+    reg.observe(Heartbeat(node="node-0", seq=1, sent_at=0.0, conditions=[warned, clock]), 0.0)
+    reg.observe(Heartbeat(node="node-1", seq=1, sent_at=0.0, conditions=[failed]), 0.0)
+    ok, refused = reg.nodes["node-0"], reg.nodes["node-1"]
+    assert ok.state is NodeState.READY and ok.healthy and ok.preflight_ok
+    assert set(ok.conditions) == {warned.key, clock.key}, "still shown"
+    assert refused.state is NodeState.DEGRADED and not refused.preflight_ok
+    adm = admit([ok, refused], 1, 1, busy=set(), exclude={})
+    assert [n.id for n in adm.chosen] == ["node-0"]
+    assert adm.skipped == {"node-1": "preflight failed"}
+    assert admit([ok, refused], 2, 1, busy=set(), exclude={}).chosen == [], "one is refused"
+    reg.observe_condition(
+        Condition(kind=ConditionKind.PREFLIGHT, node="node-0", since=1.0, reason="failed")
+    )
+    assert not ok.preflight_ok and ok.state is NodeState.DEGRADED
+    assert ok.why_not_healthy() == "failed", "advisory reasons are no reason to refuse"
 
 
 def test_heartbeats_are_the_authoritative_set() -> None:

@@ -3,6 +3,7 @@ against a local cluster directory, with the waits every scenario needs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,7 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from coordinator.ctl.home import agent_run_dirs
+from nats.errors import Error as NatsError
+
+from coordinator.ctl.bus import session
+from coordinator.ctl.errors import CtlError
+from coordinator.ctl.home import agent_run_dirs, resolve, resolve_creds
+from coordinator.ctl.status import status_json
 from ringmaster.procs import wait_until
 from ringmaster.rundir import live_ranks
 
@@ -34,10 +40,31 @@ def eventually(
         raise AssertionError(failure()) from None
 
 
+def netns_unavailable() -> str:
+    """Why ``up --netns`` cannot run here ("" when it can): it needs root and a kernel
+    that lets this process make network namespaces (a container may not)."""
+    if os.geteuid() != 0:
+        return "up --netns needs root (network namespaces and bridges)"
+    probe = f"rmprobe-{os.getpid()}"
+    try:
+        made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    except FileNotFoundError:
+        return "up --netns needs iproute2's ip command"
+    if made.returncode != 0:
+        return f"network namespaces unavailable here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
+    return ""
+
+
+# One spare interpreter per simulated node, not the default two: each costs seconds of CPU
+# at every `up`, and these scenarios check reactions, not restart speed (the benchmarks do).
+SPARES = {"RINGMASTER_WARM_RANKS": "1"}
+
+
 class Ctl:
     def __init__(self, home: Path, **env: str) -> None:
         self.home = home
-        self.env = {**os.environ, "RINGMASTER_HOME": str(home), **env}
+        self.env = {**SPARES, **os.environ, "RINGMASTER_HOME": str(home), **env}
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -66,20 +93,40 @@ class Ctl:
             time.sleep(0.5)
         raise AssertionError(done.stderr)
 
+    def view(self, job: str, retries: int = 20) -> Status:
+        """What ``status JOB --json`` prints, read the same way in this process: a wait
+        polls several times a second, and a ``coordinatorctl`` process per poll would
+        keep most of a core busy beside the cluster under test."""
+        url, cluster = resolve(self.env.get("RINGMASTER_NATS"), None, str(self.home))
+        creds = resolve_creds(self.env.get("RINGMASTER_CREDS"), str(self.home))
+
+        async def read() -> Status:
+            async with session(url, cluster, creds) as s:
+                data: Status = json.loads(json.dumps(await status_json(s, job)))
+                return data
+
+        for _ in range(retries):
+            try:
+                return asyncio.run(read())
+            except (CtlError, NatsError, OSError) as exc:
+                error = exc
+                time.sleep(0.5)
+        raise AssertionError(f"status {job}: {error}")
+
     def wait(self, job: str, pred: Callable[[Status], bool], timeout: float = 200) -> Status:
         """The job's status once ``pred`` holds; fails at once if the job ends otherwise."""
         last: Status = {}
 
         def reached() -> Status | None:
             nonlocal last
-            last = self.status(job)
+            last = self.view(job)
             if pred(last):
                 return last
             if last["state"] in ENDED:
                 raise AssertionError(f"job ended {last['state']}: {last.get('reason')}")
             return None
 
-        return eventually(reached, timeout, lambda: f"timed out; last status {last}", 0.2)
+        return eventually(reached, timeout, lambda: f"timed out; last status {last}", 0.25)
 
     def ranks(self, job: str) -> list[int]:
         """The PIDs of the job's running ranks on every node of this local cluster."""

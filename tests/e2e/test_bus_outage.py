@@ -1,4 +1,4 @@
-"""The bus itself goes away under a running job: nats-server frozen (SIGSTOP) for 30 s,
+"""The bus itself goes away under a running job: nats-server frozen (SIGSTOP) for 12 s,
 then continued; later the same with the leading coordinator killed during the outage. The
 ranks train on without the bus, so neither is a fault of any node: no node is declared
 lost, the job is not restarted, and it completes."""
@@ -17,7 +17,7 @@ from coordinator.ctl.home import pid_file
 from ringmaster.procs import read_pid
 
 pytestmark = pytest.mark.slow
-OUTAGE_S = 30.0
+OUTAGE_S = 12.0  # four times what declares a node lost (3 beats) and six a lease's TTL (2 s)
 
 
 def _pid(ctl: Ctl, name: str) -> int:
@@ -44,7 +44,7 @@ def test_a_bus_outage_is_no_node_loss_even_when_the_leader_dies_in_it(
 ) -> None:
     ctl("up", "--nodes", "2", "--standby")
     job = ctl.start(
-        "tiny.toml", "train.steps=1000", "checkpoint.every_steps=100", f"checkpoint.dir={tmp_path}"
+        "tiny.toml", "train.steps=400", "checkpoint.every_steps=100", f"checkpoint.dir={tmp_path}"
     )
     before = ctl.wait(job, lambda s: s["state"] == "running" and s["step"] >= 20)
     _outage(ctl)
@@ -56,7 +56,7 @@ def test_a_bus_outage_is_no_node_loss_even_when_the_leader_dies_in_it(
     leader = ctl.events("--kind", "coordinator.leader")[-1]
     _outage(ctl, kill_leader=leader["coordinator"])
     final = ctl.wait(job, lambda s: s["state"] == "completed", timeout=400)
-    assert final["restarts"] == 0 and final["step"] == 1000
+    assert final["restarts"] == 0 and final["step"] == 400
     assert not ctl.events("--kind", "node.lost"), "a bus outage was taken for node loss"
     leaders = ctl.events("--kind", "coordinator.leader")
     assert leaders[-1]["coordinator"] != leader["coordinator"]

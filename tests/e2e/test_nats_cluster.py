@@ -75,6 +75,8 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
                 "1",
                 "--advertise-addr",
                 "127.0.0.1",
+                "--metrics-port",  # its fixed default port would clash with another test's
+                "0",
             )
 
         def both_ready() -> bool:

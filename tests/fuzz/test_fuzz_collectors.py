@@ -27,6 +27,7 @@ from nodeagent.collectors.nvme import NvmeLatencyCollector, StatError, parse_ro,
 from nodeagent.collectors.nvme_smart import NvmeSmartCollector, SmartError, parse_smart
 from nodeagent.collectors.preemption import MetadataError, PreemptionCollector
 from nodeagent.collectors.preflight import PreflightCollector
+from nodeagent.collectors.sysctl import SOMAXCONN, Tunable
 
 GOOD_STAT = "  100 0 800 50 200 0 1600 70 0 90 120 0 0 0 0\n"
 counters = st.one_of(
@@ -150,8 +151,9 @@ def test_preflight_somaxconn(content: bytes) -> None:
         (base / "proc/sys/net/core/somaxconn").write_bytes(content)
         (base / "dev/shm").mkdir(parents=True)
         roots = Roots(procfs=base / "proc", dev=base / "dev")
+        somaxconn = Tunable("somaxconn", SOMAXCONN, 4096)
         collector = PreflightCollector(
-            roots, needs=[], interval_s=60, somaxconn_min=4096, shm_min_gb=0.0
+            roots, needs=[], interval_s=60, tunables=[somaxconn], shm_min_gb=0.0
         )
         sample = collector.collect(now=1.0)
         check = sample.checks[0]

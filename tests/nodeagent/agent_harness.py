@@ -116,6 +116,7 @@ def agent(
     argv += ["--cluster", cluster, "--nats", nats_url, "--run-dir", str(run_dir)]
     argv += ["--advertise-addr", "127.0.0.1", "--log-json"]
     argv += ["--warm-ranks", "0", *(extra or [])]  # no ranks here: no spare interpreters
+    argv += ["--metrics-port", "0"]  # its fixed default port would clash with another test's
     with (run_dir / "agent.log").open("wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}

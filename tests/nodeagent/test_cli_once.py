@@ -15,7 +15,17 @@ from nodeagent.sim.metadata import MetadataServer
 from nodeagent.sim.node import SimulatedNode
 
 REPO = Path(__file__).resolve().parents[2]
-EVERY = ["clock", "gpu", "gpu_topology", "nvme", "nvme_smart", "nvme_udev", "preemption"]
+EVERY = [
+    "clock",
+    "gpu",
+    "gpu_topology",
+    "nic",
+    "nvme",
+    "nvme_smart",
+    "nvme_udev",
+    "preemption",
+    "rdma",
+]
 
 
 def once(*args: str) -> dict[str, Any]:
@@ -53,6 +63,9 @@ def test_this_machine(tmp_path: Path) -> None:
     assert got["clock"]["ok"] and got["clock"]["values"]["adjtimex"]["state"]
     assert got["preflight"]["ok"] and got["preflight"]["values"]["checks"][0]["name"] == "somaxconn"
     assert got["nvme_udev"]["values"]["source"] in ("kernel", "udev")
+    assert got["nic"]["ok"] and got["nic"]["values"]["errors"] == {}
+    if not Path("/sys/class/infiniband").exists():
+        assert got["rdma"]["error"].startswith("unavailable: no RDMA devices")
 
 
 def test_a_simulated_node(tmp_path: Path, nvml_cache: Path) -> None:
@@ -66,7 +79,9 @@ def test_a_simulated_node(tmp_path: Path, nvml_cache: Path) -> None:
     finally:
         metadata.stop()
     assert sorted(got) == sorted(["preflight", *[c for c in EVERY if c != "nvme_udev"]])
+    assert got.pop("rdma")["error"].startswith("unavailable"), "a simulated node has no RDMA"
     assert all(v["ok"] for v in got.values()), {k: v["error"] for k, v in got.items()}
+    assert got["nic"]["values"]["interfaces"]["data0"]["operstate"] == "up"
     assert len(got["gpu"]["values"]["gpus"]) == 8
     assert got["gpu_topology"]["values"]["matrix"][0][1] == "NV2"
     assert sorted(got["nvme"]["values"]["devices"]) == [f"nvme{i}n1" for i in range(4)]

@@ -25,7 +25,7 @@ from nodeagent.collectors.clock_peer import PeerClock
 from nodeagent.config import ClockSettings
 from nodeagent.detectors.clock import ClockDriftDetector
 from nodeagent.sim.node import SimulatedNode
-from proto.conditions import ConditionKind, condition_key
+from proto.conditions import ConditionKind, Severity, condition_key
 from proto.events import ClockDrift
 from ringmaster.clock_responder import serve
 
@@ -215,12 +215,41 @@ def test_settings_change_the_bound() -> None:
     assert [e.recovered for _, e in drift(tight, [(7.0, True), (1.0, True)])] == [False, True]
 
 
-def test_unsynchronised_is_drift_whatever_the_offset() -> None:
+def test_unsynchronised_is_an_advisory_drift() -> None:
+    """Unsynchronised with no offset, or one in bounds: the condition opens at info (the
+    node stays eligible; status shows why), never at warning."""
     detector = ClockDriftDetector("n", ClockSettings(confirm=1, hold_s=0.0))
-    events = drift(detector, [(None, False), (None, True)])
+    events = drift(detector, [(None, False), (None, True), (0.1, False), (0.1, False)])
     assert [(e.synced, e.recovered, e.message) for _, e in events] == [
         (False, False, "clock unsynchronised (no offset source)"),
         (True, True, "clock back in bounds: no offset source, synchronised"),
+        (False, False, "clock unsynchronised (offset +0.10 ms)"),
     ]
     opened = events[0][1].condition
     assert opened.value is None and opened.reason == "clock unsynchronised (no offset source)"
+    assert opened.severity is Severity.INFO
+    small = events[2][1].condition
+    assert (small.active, small.severity, small.value) == (True, Severity.INFO, None)
+
+
+def test_only_an_offset_measured_out_of_bounds_is_a_warning() -> None:
+    """An unsynchronised clock's condition turns to warning once its offset is measured out
+    of bounds (confirmed like any drift), and back to info once it is within
+    ``recover_ms`` for ``hold_s``, still unsynchronised; then it closes when synced."""
+    detector = ClockDriftDetector("n", ClockSettings(confirm=2, hold_s=2.0))
+    trace: list[tuple[float | None, bool]] = [(0.1, False), (0.1, False), (9.0, False)]
+    trace += [(9.0, False), (9.0, False)]
+    trace += [(1.0, False), (1.0, False), (1.0, False), (1.0, False), (1.0, True), (1.0, True)]
+    trace += [(1.0, True)]
+    events = drift(detector, trace)
+    states = [(t, e.recovered, e.condition.active, e.condition.severity) for t, e in events]
+    assert states == [
+        (1, False, True, Severity.INFO),
+        (3, False, True, Severity.WARNING),
+        (7, False, True, Severity.INFO),
+        (11, True, False, Severity.INFO),
+    ]
+    escalated = events[1][1]
+    assert escalated.message == "clock offset +9.00 ms (±0.50) beyond 5 ms, unsynchronised"
+    assert escalated.condition.value == 9.0
+    assert events[2][1].message == "clock unsynchronised (offset +1.00 ms)"

@@ -51,6 +51,8 @@ def test_every_collector_is_registered_once() -> None:
         "gpu",
         "gpu_topology",
         "clock",
+        "nic",
+        "rdma",
         "preemption",
     ]
     quiet = load(None, {"nvme": {"udev": False}, "preemption": {"provider": "none"}})
@@ -86,6 +88,6 @@ def test_the_simulators_agent_toml_loads(tmp_path: Path) -> None:
 def test_spare_interpreters_default_to_one_per_gpu(tmp_path: Path) -> None:
     assert load(None, {}).warm_spares(gpus=8) == 8
     assert load(None, {}).warm_spares(gpus=0) == 1  # GPU-less, or NVML not read yet
-    assert load(None, {"simulated": True}).warm_spares(gpus=8) == 1  # the host's cores
+    assert load(None, {"simulated": True}).warm_spares(gpus=8) == 2  # the host's cores
     assert load(None, {"warm_ranks": 0}).warm_spares(gpus=8) == 0  # off
     assert load(None, {"warm_ranks": 3, "simulated": True}).warm_spares(gpus=8) == 3

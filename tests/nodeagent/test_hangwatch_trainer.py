@@ -108,9 +108,12 @@ async def test_a_stopped_trainer_rank_is_named_and_its_peer_is_a_victim(tmp_path
         assert "trainer/loop.py" in event.stacks
         state = proc_stat(pids[1])
         assert state is not None and state.state in ("T", "t")
-        # the peer was asked for its stacks and found waiting in a collective
-        peer_log = jobdir.rank_log(0).read_text()
-        assert "(most recent call first)" in peer_log
+        # the peer was asked for its stacks (once it too stalled past its threshold) and
+        # found waiting in a collective
+        asked_by = time.monotonic() + 15
+        while "(most recent call first)" not in (peer_log := jobdir.rank_log(0).read_text()):
+            assert time.monotonic() < asked_by, peer_log[-2000:]
+            await asyncio.sleep(0.1)
         assert "torch/distributed/" in peer_log or "torch/autograd/" in peer_log
     finally:
         if task is not None:

@@ -6,11 +6,16 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+import nats
 import pytest
 from nats.errors import NoServersError
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 
+from coordinator.embedded_nats import NatsServer
+from coordinator.kvstore import ensure_layout
 from nodeagent.outbox import Outbox
+from proto import subjects
 from ringmaster.procs import wait_until_async
 
 pytestmark = pytest.mark.anyio
@@ -24,7 +29,9 @@ class Bus:
         self.failures, self.tries, self.sent = list(failures), 0, list[bytes]()
         self.down = False
 
-    async def publish(self, subject: str, payload: bytes, timeout: float) -> None:
+    async def publish(
+        self, subject: str, payload: bytes, timeout: float, headers: dict[str, str]
+    ) -> None:
         self.tries += 1
         if self.failures:
             raise self.failures.pop(0)
@@ -83,3 +90,47 @@ async def test_a_message_dropped_while_it_is_retried_does_not_take_the_next_with
         assert outbox.dropped == 1 and b"new" in bus.sent
     finally:
         task.cancel()
+
+
+class LateAck:
+    """A real JetStream whose first ack comes too late: the message is stored, and the
+    publisher sees a timeout (a loaded server answering after the publish timeout)."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js, self.tries = js, 0
+
+    async def publish(
+        self, subject: str, payload: bytes, timeout: float, headers: dict[str, str]
+    ) -> PubAck:
+        self.tries += 1
+        ack = await self.js.publish(subject, payload, timeout=timeout, headers=headers)
+        if self.tries == 1:
+            raise TimeoutError
+        return ack
+
+
+async def test_a_late_ack_is_retried_and_the_stream_stores_the_message_once(
+    nats_server: NatsServer,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await ensure_layout(js, "dup")
+        bus = LateAck(js)
+        outbox = Outbox(cast(JetStreamContext, bus))
+        subject = subjects.event("dup", "node", "node-0", "worker.exited")
+        outbox.put(subject, b"exit")
+        outbox.put(subject, b"exit")  # the same bytes twice are two messages
+        task = asyncio.create_task(outbox.run())
+        try:
+
+            async def drained() -> bool:
+                return bus.tries >= 3 and not outbox._queue
+
+            await wait_until_async(drained, timeout=10)
+        finally:
+            task.cancel()
+        info = await js.stream_info(subjects.events_stream("dup"))
+        assert info.state.messages == 2
+    finally:
+        await nc.close()

@@ -128,9 +128,11 @@ async def test_ranks_get_the_run_dir_layout_and_the_rank_marker(
     assert job.spec.exists() and job.rank_log(0).exists()
     assert [read_pid(job.rank_pid(r)) for r in (0, 1)] == pids
     assert live_ranks(sup.run_dir) == [LiveRank("j1", r, pid) for r, pid in enumerate(pids)]
-    environ = environment_of(pids[1])
     cache = f"RINGMASTER_COMPILE_CACHE={compile_cache(sup.run_dir)}".encode()
-    assert cache in environ  # the node's compile cache outlives the rank
+    # The parent learns of a successful exec before the kernel has laid out the new
+    # image's environment: /proc/<pid>/environ reads empty for a moment.
+    await until(lambda: environment_of(pids[1]) != [b""], timeout=5)
+    assert cache in environment_of(pids[1])  # the node's compile cache outlives the rank
 
 
 async def test_forced_stop_escalates_to_sigkill_and_kills_the_group(
@@ -156,3 +158,19 @@ async def test_a_second_launch_of_a_live_job_is_refused(sup: Supervisor, tmp_pat
     with pytest.raises(SupervisorError, match=r"job j1 already has live ranks \[0\]"):
         await sup.launch(launch_cmd(tmp_path, ranks=1))
     assert pid_alive(pid), "the refused launch must leave the running rank alone"
+
+
+async def test_node_defaults_reach_ranks_and_the_job_env_overrides_them(
+    tmp_path: Path, sink: Sink
+) -> None:
+    defaults = {"GLOO_SOCKET_IFNAME": "data0", "NCCL_SOCKET_IFNAME": "data0"}
+    supervisor = Supervisor("n", tmp_path / "run", sink.event, sink.prog, rank_defaults=defaults)
+    cmd = launch_cmd(tmp_path, ranks=1)
+    cmd.env["NCCL_SOCKET_IFNAME"] = "ib0"  # the job's own choice wins
+    try:
+        [pid] = await supervisor.launch(cmd)
+        environ = environment_of(pid)
+        assert b"GLOO_SOCKET_IFNAME=data0" in environ and b"NCCL_SOCKET_IFNAME=ib0" in environ
+    finally:
+        await supervisor.stop("j1", force=True, grace_s=0)
+        await supervisor.close()

@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from nodeagent import warm_pool
 from nodeagent.supervisor import Supervisor
 from nodeagent.warm_pool import WarmPool, import_time_difference
 from proto.commands import Launch, RankSpec
@@ -106,14 +107,59 @@ async def test_a_ready_spare_becomes_the_rank_and_is_replaced(
     assert pool.spares[0].proc.pid != proc.pid and starts(tmp_path) == 2
 
 
-async def test_no_ready_spare_means_a_cold_start(
+async def test_a_spare_still_importing_is_handed_the_launch_at_once(
     pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SPARE_DELAY", "30")  # still "importing"
+    """A cold start would repeat the imports the spare is part-way through; and the
+    launch is answered without waiting for them."""
+    monkeypatch.setenv("SPARE_DELAY", "1.5")  # still "importing" when the launch comes
     pool.resize(1)
     await until(lambda: pool.spares)
-    assert await pool.take(launch_line(tmp_path)) is None
-    assert pool.spares and pool.spares[0].proc.returncode is None  # left to get ready
+    [spare] = pool.spares
+    assert not spare.ready
+    proc = await pool.take(launch_line(tmp_path, CODE="0"))
+    assert proc is spare.proc and not (tmp_path / "r.log").exists()  # not started yet
+    assert await proc.wait() == 0
+    assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
+    assert pool.import_s is not None and pool.import_s >= 1.5
+
+
+async def test_spares_import_one_at_a_time_on_a_node_with_few_cores(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARE_DELAY", "2")
+    pool.imports_at_once = 1
+    pool.resize(2)
+    await until(lambda: pool.spares)
+    assert len(pool.spares) == 1 and not pool._starting  # the second waits for the first
+    await until(lambda: pool.ready() == 2)
+    assert starts(tmp_path) == 2
+
+
+async def test_a_spare_that_does_not_start_its_rank_in_time_is_killed(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wedged spare is its rank's process: killed, it is a rank that exited."""
+    monkeypatch.setenv("SPARE_DELAY", "60")  # wedged in its imports
+    monkeypatch.setattr(warm_pool, "FIRST_IMPORT_WAIT_S", 0.5)
+    pool.resize(1)
+    await until(lambda: pool.spares)
+    assert pool.wait_bound() == 0.5
+    proc = await pool.take(launch_line(tmp_path))
+    assert proc is not None
+    assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
+    assert not (tmp_path / "r.log").exists()  # the rank never ran
+
+
+def test_the_bound_follows_the_imports_seen() -> None:
+    pool = WarmPool(1, Path("unused.log"))
+    assert pool.wait_bound() == warm_pool.FIRST_IMPORT_WAIT_S
+    pool.import_s = 20.0
+    assert pool.wait_bound() == 40.0
+    pool.import_s = 60.0
+    assert pool.wait_bound() == warm_pool.FIRST_IMPORT_WAIT_S
+    pool.import_s = 1.0
+    assert pool.wait_bound() == 3 * warm_pool.HANDOVER_S
 
 
 async def test_a_dead_spare_means_a_cold_start_and_a_replacement(

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from proto.job import JobSpec
+from proto.job import JobSpec, memory_store_name
 from trainer.checkpoint import default_staging_dir
 from trainer.log import read
 
@@ -89,7 +90,10 @@ class Launcher:
         self.workdir = workdir
         self.launched: list[Ranks] = []
         self.count = 0
-        self.job_id = f"test-{workdir.name}"  # unique, so staging dirs in /dev/shm never clash
+        # unique, so staging dirs and memory snapshots in /dev/shm never clash, not even
+        # with those a killed earlier run of the same test left
+        self.job_id = f"test-{workdir.name}-{uuid.uuid4().hex[:6]}"
+        self.job_ids: set[str] = set()
 
     def __call__(
         self,
@@ -102,6 +106,7 @@ class Launcher:
         per_rank_env: dict[int, dict[str, str]] | None = None,
     ) -> Ranks:
         self.count += 1
+        self.job_ids.add(job_id or self.job_id)
         spec_path = self.workdir / f"spec-{self.count}.json"
         spec_path.write_bytes(msgspec.json.encode(spec))
         port = free_port()
@@ -156,5 +161,7 @@ def launch(tmp_path: Path) -> Iterator[Launcher]:
     for ranks in launcher.launched:
         ranks.signal(signal.SIGKILL)
         ranks.wait(10)
-    # a killed rank leaves its staged shard behind
+    # a killed rank leaves its staged shard and its memory tier behind
     shutil.rmtree(default_staging_dir(launcher.job_id, tmp_path), ignore_errors=True)
+    for job_id in launcher.job_ids:
+        shutil.rmtree(Path("/dev/shm") / memory_store_name(job_id), ignore_errors=True)

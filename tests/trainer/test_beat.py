@@ -167,7 +167,10 @@ def test_the_beat_goes_on_while_the_main_thread_waits_in_a_collective(tmp_path: 
 def test_a_trainer_rank_beats_and_dumps_its_stacks_on_sigusr1(
     launch: Launcher, make_spec: Callable[..., JobSpec]
 ) -> None:
-    spec = make_spec(train={"steps": 250}, policy={"grad_norm_spike": 1e9})  # no rewinds
+    # no rewinds; no memory snapshots, whose waits for a persist would be seen as checkpoints
+    spec = make_spec(
+        train={"steps": 250}, policy={"grad_norm_spike": 1e9}, checkpoint={"memory_tier": False}
+    )
     ranks = launch(spec, world_size=1)
     path = launch.workdir / "rank-0.beat"  # beside the spec the launcher wrote
     wait_for(lambda: (b := rankbeat.read(path)) is not None and b.step >= 2, timeout=90)

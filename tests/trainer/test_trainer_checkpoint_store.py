@@ -12,15 +12,8 @@ import pytest
 import torch
 
 from trainer import durable
-from trainer.checkpoint import (
-    Checkpointer,
-    Coordination,
-    HostBuffers,
-    Stage,
-    Written,
-    find_resumable,
-    load_file,
-)
+from trainer.checkpoint import Checkpointer, HostBuffers, Stage, Written
+from trainer.coordination import Coordination, find_resumable, load_file
 
 
 def own_files(manifest: durable.Manifest) -> list[str]:

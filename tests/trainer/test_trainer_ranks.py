@@ -17,7 +17,8 @@ from dcp_files import read_dcp
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from trainer import durable
-from trainer.checkpoint import Coordination, default_staging_dir, find_resumable, load_file
+from trainer.checkpoint import default_staging_dir
+from trainer.coordination import Coordination, find_resumable, load_file
 from trainer.dcp_async import DcpState
 from trainer.fake_agent import FakeAgent
 from trainer.flops import model_flops_per_token
@@ -103,10 +104,14 @@ def test_kill_during_persist_keeps_previous_checkpoint(
     tmp_path: Path, launch: Any, make_spec: MakeSpec
 ) -> None:
     root = tmp_path / "ckpt"
-    assert launch(make_spec(train={"steps": 3})).wait() == [0, 0]
+    durable_only = {"memory_tier": False}  # a newer memory snapshot would be resumed instead
+    assert launch(make_spec(train={"steps": 3}, checkpoint=durable_only)).wait() == [0, 0]
     assert durable.read_latest(root) == "step-3"
     # the next run's final persist stalls after writing its shards; kill -9 it there
-    ranks = launch(make_spec(train={"steps": 6}), env={"RINGMASTER_TEST_PERSIST_DELAY_S": "60"})
+    ranks = launch(
+        make_spec(train={"steps": 6}, checkpoint=durable_only),
+        env={"RINGMASTER_TEST_PERSIST_DELAY_S": "60"},
+    )
     deadline = time.monotonic() + 60
     # each rank writes its step/RNG file once its DCP files are written and fsynced
     shards = [root / "step-6" / durable.trainer_file(r) for r in (0, 1)]
@@ -122,7 +127,7 @@ def test_kill_during_persist_keeps_previous_checkpoint(
     assert found is not None and found[1] == root / "step-3"
     assert load_file(root / "step-3" / "trainer-rank-0.pt")["step"] == 3
     # a fresh launch resumes from step 3 and completes, sealing step 6 this time
-    again = launch(make_spec(train={"steps": 6}))
+    again = launch(make_spec(train={"steps": 6}, checkpoint=durable_only))
     assert again.wait() == [0, 0]
     assert again.events(0, "resumed_from")[0]["step"] == "3"
     assert durable.read_latest(root) == "step-6"
@@ -135,7 +140,8 @@ def test_training_continues_while_a_checkpoint_is_unserialised(
     before it seals anything, the ranks still train past the checkpoint."""
     agent = FakeAgent(tmp_path / "agent.sock")
     gate = tmp_path / "gate"
-    spec = make_spec(train={"steps": 8}, checkpoint={"every_steps": 4})
+    # (a memory snapshot waits for the durable persist before it: the tier is off here)
+    spec = make_spec(train={"steps": 8}, checkpoint={"every_steps": 4, "memory_tier": False})
     ranks = launch(spec, socket_path=agent.path, env={"RINGMASTER_TEST_PERSIST_GATE": str(gate)})
     agent.wait_for(StepDone, lambda m: m.step >= 7)
     for rank in (0, 1):

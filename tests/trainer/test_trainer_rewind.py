@@ -17,7 +17,7 @@ from proto.faults import SimKnobs
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Rewound, StepDone, Stragglers
 from ringmaster.rundir import SIM_KNOBS_ENV
-from trainer.checkpoint import load_file
+from trainer.coordination import load_file
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow

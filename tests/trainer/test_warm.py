@@ -146,18 +146,47 @@ def test_a_launch_it_cannot_take_is_refused_before_started(
     assert w.proc.wait(30) == 1
 
 
+# ``python -m trainer.warm`` with what the rank imports after its launch written to its log
+LATE_IMPORTS = textwrap.dedent(
+    """
+    import sys
+    from trainer.warm import claim_stdout, preload, serve
+
+    channel = claim_stdout()
+    main = preload()
+    before = set(sys.modules)
+
+    def run(argv):
+        try:
+            return main(argv)
+        finally:
+            print("late imports:", *sorted(set(sys.modules) - before), file=sys.stderr)
+
+    serve(run, channel=channel)
+    """
+)
+# what took seconds of every warm restart when it was imported by the rank, not the spare
+HEAVY = ("torch._inductor", "torch._dynamo", "setuptools", "deepspeed.runtime.zero.muon")
+
+
 @pytest.mark.slow
 def test_the_real_worker_trains_in_a_warm_interpreter(
     tmp_path: Path, warm: list[Warm], make_spec: Callable[..., JobSpec]
 ) -> None:
-    """``python -m trainer.warm`` with DeepSpeed preloaded runs a 1-rank job to its end:
-    the same log, checkpoint and exit status as ``python -m trainer.worker``."""
-    spec = make_spec(train={"engine": "deepspeed", "steps": 3}, checkpoint={"every_steps": 3})
+    """A warm interpreter with the training stack preloaded runs a 1-rank DeepSpeed FP8
+    job to its end, with the same log, checkpoint and exit status as ``python -m
+    trainer.worker``, and imports nothing heavy once it is the rank."""
+    spec = make_spec(
+        train={"engine": "deepspeed", "steps": 3, "precision": "fp8", "fp8_recipe": "tensorwise"},
+        checkpoint={"every_steps": 3},
+    )
     spec_path = tmp_path / "spec.json"
     spec_path.write_bytes(msgspec.json.encode(spec))
+    script = tmp_path / "late_imports.py"
+    script.write_text(LATE_IMPORTS)
     job = f"warm-{tmp_path.name}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    warm.append(Warm([sys.executable, "-m", "trainer.warm"], env))
+    warm.append(Warm([sys.executable, str(script)], env))
     w = warm[-1]
     assert w.ready() == READY
     rank = {
@@ -182,3 +211,5 @@ def test_the_real_worker_trains_in_a_warm_interpreter(
     assert "engine=deepspeed-zero1" in text
     assert "event=finished step=3 outcome=completed" in text
     assert (tmp_path / "ckpt" / "latest").exists()
+    late = next(line for line in text.splitlines() if line.startswith("late imports:")).split()
+    assert late[2:] and not [m for m in late[2:] if m.startswith(HEAVY)], late

@@ -1,0 +1,87 @@
+"""The memory tier on real ranks: snapshots in RAM on the rank's node and its buddy's,
+restored after a node's loss to the bit."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_trainer_deepspeed import MakeSpec, checkpoint_tensors
+
+from proto.job import memory_store_name
+from ringmaster.memory_store import MemoryStore
+
+pytestmark = pytest.mark.slow
+
+SHM = Path("/dev/shm")
+ZERO1 = {"engine": "deepspeed", "zero_stage": 1, "precision": "fp32"}
+
+
+def node_env(*nodes: str) -> dict[int, dict[str, str]]:
+    return {rank: {"RINGMASTER_NODE": node} for rank, node in enumerate(nodes)}
+
+
+def sealed_step(job_id: str, node: str) -> int | None:
+    steps = MemoryStore(SHM / memory_store_name(job_id) / node).sealed()
+    return max(steps) if steps else None
+
+
+def test_a_lost_node_is_restored_from_its_buddy_to_the_bit(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    # the truth: the same job uninterrupted, a durable checkpoint of every step
+    truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
+    ranks = launch(truth, job_id="truth", per_rank_env=node_env("node-a", "node-b"))
+    assert ranks.wait() == [0, 0], ranks.log(0)
+    # the run that loses node-b: memory snapshots every step, no durable one until the end
+    job = "faulted"
+    spec = make_spec(
+        train={**ZERO1, "steps": 40},
+        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": "faulted"},
+    )
+    ranks = launch(spec, job_id=job, per_rank_env=node_env("node-a", "node-b"))
+    deadline = time.monotonic() + 120
+    while (sealed_step(job, "node-a") or 0) < 5:
+        assert time.monotonic() < deadline and ranks.procs[0].poll() is None, ranks.log(0)
+        time.sleep(0.05)
+    ranks.signal(signal.SIGKILL)  # node-b is lost, and rank 0 with it (its world is gone)
+    ranks.wait(30)
+    shutil.rmtree(SHM / memory_store_name(job) / "node-b")  # node-b's RAM went with it
+    step = sealed_step(job, "node-a")
+    assert step is not None and step >= 5
+    # rank 1 comes back on a new node: its shard only exists as rank 0's buddy copy
+    again = make_spec(
+        train={**ZERO1, "steps": step},
+        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": "faulted"},
+    )
+    ranks = launch(again, job_id=job, per_rank_env=node_env("node-a", "node-c"))
+    assert ranks.wait() == [0, 0], ranks.log(1)
+    for rank in (0, 1):
+        resumed = ranks.events(rank, "resumed_from")
+        assert resumed and resumed[0]["tier"] == "memory" and resumed[0]["step"] == str(step)
+    restored = checkpoint_tensors(tmp_path / "faulted" / f"step-{step}")
+    uninterrupted = checkpoint_tensors(tmp_path / "ckpt" / f"step-{step}")
+    assert restored.keys() == uninterrupted.keys() and len(restored) > 10
+    for key, value in restored.items():
+        assert torch.equal(value, uninterrupted[key]), key
+    # a clean end gives the RAM back
+    assert not (SHM / memory_store_name(job)).exists()
+
+
+def test_without_a_newer_snapshot_the_durable_checkpoint_is_resumed(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    spec = make_spec(train={**ZERO1, "steps": 6}, checkpoint={"every_steps": 3})
+    ranks = launch(spec, per_rank_env=node_env("node-a", "node-b"))
+    assert ranks.wait() == [0, 0], ranks.log(0)
+    assert any(e.get("memory_snapshots") for e in ranks.events(0, "finished"))
+    longer = make_spec(train={**ZERO1, "steps": 8}, checkpoint={"every_steps": 3})
+    ranks = launch(longer, per_rank_env=node_env("node-a", "node-b"))
+    assert ranks.wait() == [0, 0], ranks.log(0)
+    resumed = ranks.events(0, "resumed_from")
+    assert resumed[0]["tier"] == "durable" and resumed[0]["step"] == "6"
