@@ -140,7 +140,7 @@ class Coordinator:
             except Exception as exc:
                 log.warning("election round failed", error=repr(exc))
                 role = election.role
-            if role is Role.LEADER and was is not Role.LEADER:
+            if role is Role.LEADER and self._leadership is None:
                 await self._lead(nc, js, buckets, jobs)
             elif role is not Role.LEADER and was is Role.LEADER:
                 log.warning("lost leadership", id=self.me)
@@ -204,9 +204,13 @@ class Coordinator:
     async def _lead(
         self, nc: Client, js: JetStreamContext, buckets: Buckets, jobs: JobManager
     ) -> None:
+        """Take over as leader. The take-over reads every job from KV, which fails while
+        the bus is still electing stream leaders (a server of a cluster just died): the
+        failure is logged and the take-over tried again next round, still holding the
+        lease, instead of ending the coordinator."""
         epoch = self.election.epoch
         log.info("leading", id=self.me, epoch=epoch)
-        self._leadership = Leadership(
+        leadership = Leadership(
             nc,
             js,
             self.cluster,
@@ -218,10 +222,19 @@ class Coordinator:
             decisions=self._decisions,
             alert=self._alert,
         )
-        await self._leadership.start()
-        await self.publish(
-            CoordinatorLeader(coordinator=self.me, epoch=epoch, message=f"{self.me} leads")
-        )
+        try:
+            await leadership.start()
+        except Exception as exc:
+            log.warning("taking over failed; trying again", id=self.me, error=repr(exc))
+            await leadership.stop()
+            return
+        self._leadership = leadership
+        try:
+            await self.publish(
+                CoordinatorLeader(coordinator=self.me, epoch=epoch, message=f"{self.me} leads")
+            )
+        except Exception as exc:  # the bus is out: leading matters, its announcement less
+            log.warning("could not announce the leadership", id=self.me, error=repr(exc))
 
     async def _unlead(self) -> None:
         if self._leadership is not None:

@@ -20,6 +20,17 @@ from ringmaster.rundir import live_ranks
 pytestmark = pytest.mark.slow
 
 
+def log_tails(home: Path, lines: int = 30) -> str:
+    """The last lines of every process log of the test (the coordinator's, the agents',
+    the ranks'), leaving out the coordinator's repeated election attempts."""
+    logs = sorted(home.glob("*.log")) + sorted(home.glob("nodes/*/agent/jobs/*/rank-*.log"))
+    out = []
+    for log in logs:
+        text = [t for t in log.read_text(errors="replace").splitlines() if "election" not in t]
+        out.append(f"--- {log.relative_to(home)}\n" + "\n".join(text[-lines:]))
+    return "\n".join(out)
+
+
 @pytest.mark.timeout(400)
 def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
     servers = start_nats_cluster(tmp_path / "nats", 3)
@@ -90,7 +101,11 @@ def test_job_survives_losing_one_of_three_servers(tmp_path: Path) -> None:
         job = ctl.start("tiny.toml", "train.steps=120", f"checkpoint.dir={tmp_path / 'ckpt'}")
         ctl.wait(job, lambda s: s["step"] >= 20, timeout=120)
         servers[0].kill()
-        final = ctl.wait(job, lambda s: s["state"] == "completed", timeout=240)
+        try:
+            final = ctl.wait(job, lambda s: s["state"] == "completed", timeout=240)
+        except AssertionError:
+            print(log_tails(tmp_path))  # what each process last said, for the report
+            raise
         assert final["step"] == 120 and final["restarts"] == 0
     finally:
         for proc in procs:
