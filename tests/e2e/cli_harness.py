@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 from nats.errors import Error as NatsError
 
+from coordinator.ctl import netns as ns
 from coordinator.ctl.bus import session
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import agent_run_dirs, resolve, resolve_creds
@@ -62,6 +63,36 @@ def netns_unavailable() -> str:
     return ""
 
 
+def worker_networks() -> tuple[str, ...]:
+    """Control and data networks of this test worker's own: two namespaced clusters up at
+    once on the same networks would give the host one address on two bridges."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return ()
+    third = 16 + 2 * int(worker[2:])
+    return ("--ctl-net", f"198.18.{third}.0/24", "--data-net", f"198.18.{third + 1}.0/24")
+
+
+def host_address(home: Path) -> str:
+    """Where a service of the test itself (a webhook, say) must listen for the cluster in
+    ``home`` to reach it: loopback, or the host's address on a namespaced cluster's
+    control bridge (the coordinators' namespace has no way to the host's loopback)."""
+    net = ns.read(home)
+    return net.host_addr if net is not None else "127.0.0.1"
+
+
+def daemon_addresses(home: Path, network: str = "ctl") -> set[str]:
+    """The addresses the cluster in ``home`` puts its daemons on: loopback, or with
+    ``up --netns`` each node's address on the control (``ctl``) or data (``data``)
+    network, and the coordinators' on the control network."""
+    net = ns.read(home)
+    if net is None:
+        return {"127.0.0.1"}
+    if network == "data":
+        return {n.data_addr for n in net.nodes.values()}
+    return {n.ctl_addr for n in [*net.nodes.values(), net.coordinators]}
+
+
 # One spare interpreter per simulated node, not the default two: each costs seconds of CPU
 # at every `up`, and these scenarios check reactions, not restart speed (the benchmarks do).
 SPARES = {"RINGMASTER_WARM_RANKS": "1"}
@@ -77,6 +108,8 @@ class Ctl:
             if why := netns_unavailable():
                 pytest.skip(f"RINGMASTER_TEST_NETNS=1: {why}")
             args = ("up", "--netns", *args[1:])
+        if args[:1] == ("up",) and "--netns" in args and "--ctl-net" not in args:
+            args = (*args, *worker_networks())
         return subprocess.run(
             [sys.executable, "-m", "coordinator.ctl.main", *args],
             capture_output=True,

@@ -10,42 +10,56 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from cli_harness import Ctl, eventually
+from cli_harness import Ctl, eventually, host_address
 
 from proto.job import GOODPUT_BUCKETS
 
 pytestmark = pytest.mark.slow
 
 
+class Webhook:
+    """A local chat endpoint, started on the address the cluster under test can reach
+    (:func:`cli_harness.host_address`): its URL and the texts it received."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self, home: Path) -> str:
+        texts = self.texts
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                texts.append(body["text"])
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        host = host_address(home)
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://{host}:{self.server.server_address[1]}/hook"
+
+
 @pytest.fixture
-def webhook() -> Iterator[tuple[str, list[str]]]:
-    """A local chat endpoint: its URL and the texts it received."""
-    texts: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            texts.append(body["text"])
-            self.send_response(200)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook", texts
-    server.shutdown()
-    server.server_close()
+def webhook() -> Iterator[Webhook]:
+    hook = Webhook()
+    yield hook
+    if hook.server is not None:
+        hook.server.shutdown()
+        hook.server.server_close()
 
 
 @pytest.mark.timeout(400)
 def test_a_thermal_fault_alerts_once_and_resolves_once(
-    ctl: Ctl, tmp_path: Path, webhook: tuple[str, list[str]]
+    ctl: Ctl, tmp_path: Path, webhook: Webhook
 ) -> None:
-    url, texts = webhook
     ctl("up", "--nodes", "3")
+    url, texts = webhook.start(ctl.home), webhook.texts
     job = ctl.start("tiny.toml", f"alerts.webhook_url={url}", f"checkpoint.dir={tmp_path / 'ckpt'}")
     ctl.wait(job, lambda s: s["state"] == "running" and s["step"] >= 5)
     ctl("inject", "node-1", "gpu-temp=95")

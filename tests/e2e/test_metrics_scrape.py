@@ -4,12 +4,13 @@ own parser."""
 
 from __future__ import annotations
 
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_harness import Ctl, eventually
+from cli_harness import Ctl, daemon_addresses, eventually
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,8 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def scrape(url: str) -> dict[str, Metric]:
-    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics"), url
-    with urllib.request.urlopen(url, timeout=5) as reply:  # a loopback URL from status
+    assert urllib.parse.urlsplit(url).path == "/metrics", url
+    with urllib.request.urlopen(url, timeout=5) as reply:
         text = reply.read().decode()
     return {f.name: f for f in text_string_to_metric_families(text)}
 
@@ -74,6 +75,8 @@ def test_every_daemon_serves_its_metrics(ctl: Ctl, tmp_path: Path) -> None:
     eventually(urls_known, 30, lambda: f"metrics_url missing: {status}", 0.5)
     urls = [d["metrics_url"] for d in status["nodes"] + status["coordinators"]]
     assert len(set(urls)) == 4, urls  # every daemon on a port of its own
+    addresses = daemon_addresses(ctl.home)  # loopback, or the namespaces' control addresses
+    assert {urllib.parse.urlsplit(url).hostname for url in urls} <= addresses, urls
 
     for node in status["nodes"]:
         check_agent(node["id"], node["metrics_url"])

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_harness import EXAMPLES, Ctl
+from cli_harness import EXAMPLES, Ctl, daemon_addresses
 
 from coordinator.ctl.home import agent_run_dirs
 from ringmaster.procs import pid_alive
@@ -65,7 +65,8 @@ def test_operator_overrides_and_a_user_script(ctl: Ctl, tmp_path: Path) -> None:
     assert [p.name for p in ranks] == ["rank-0.txt", "rank-1.txt"]
     seen_env = ast.literal_eval(ranks[1].read_text().split(" world=")[0])
     assert seen_env["RANK"] == "1" and seen_env["WORLD_SIZE"] == "2"
-    assert seen_env["MASTER_ADDR"] == "127.0.0.1" and seen_env["LOCAL_RANK"] == "0"
+    assert seen_env["MASTER_ADDR"] in daemon_addresses(ctl.home, "data"), seen_env
+    assert seen_env["LOCAL_RANK"] == "0"
     hooks = [JobDir(d, user["id"]).pre_start_log for d in agent_run_dirs(ctl.home)]
     hooks = [hook for hook in hooks if hook.exists()]
     assert len(hooks) == 2 and "pre-start on node-" in hooks[0].read_text()
