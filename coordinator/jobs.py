@@ -31,6 +31,7 @@ from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
 from coordinator.jobstore import JobStore
 from coordinator.launch import Launcher
+from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
 from coordinator.reconcile import peers_stepped_on
 from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
@@ -51,6 +52,7 @@ from proto.events import (
     WorkerHung,
 )
 from proto.job import JobRecord, JobState
+from proto.node import NodeState
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
@@ -81,6 +83,7 @@ class JobManager(ProgressInputs):
         self._dirty: set[str] = set()
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}
+        self._awaited = AwaitedVerdicts()
 
     # -- persistence ------------------------------------------------------------------
 
@@ -219,17 +222,47 @@ class JobManager(ProgressInputs):
                 self._record(job, event)
             elif isinstance(event, WorkerExited | WorkerHung):
                 continue  # another job's rank: nothing to do with this one
-            silent: frozenset[str] = frozenset()
-            if self._failed_rank(job, event):
-                # only a rank's failure asks which nodes are gone (see policy.decide)
-                now = time.monotonic()
-                silent = self.registry.silent(job.nodes, now) | await self.stopper.unreachable(job)
-            progressing = self._stepped_since_silent(job, event)
-            judged = isinstance(event, WorkerHung) or self._failed_rank(job, event)
-            links = self.registry.link_conditions(job.nodes) if judged else {}
-            actions = policy.decide(job, event, silent, progressing=progressing, links=links)
-            for action in actions:
-                await self.apply(job, action)
+            if isinstance(event, NodeLost) and self._awaits_evidence(job, event):
+                continue
+            await self._decide(job, event)
+
+    async def _decide(self, job: JobRecord, event: EventBase) -> None:
+        silent: frozenset[str] = frozenset()
+        if self._failed_rank(job, event):
+            # only a rank's failure asks which nodes are gone (see policy.decide)
+            now = time.monotonic()
+            silent = self.registry.silent(job.nodes, now) | await self.stopper.unreachable(job)
+        progressing = self._stepped_since_silent(job, event)
+        judged = isinstance(event, WorkerHung) or self._failed_rank(job, event)
+        links = self.registry.link_conditions(job.nodes) if judged else {}
+        actions = policy.decide(job, event, silent, progressing=progressing, links=links)
+        for action in actions:
+            await self.apply(job, action)
+
+    def _awaits_evidence(self, job: JobRecord, event: NodeLost) -> bool:
+        """Whether the verdict on a lost node of the live job waits for its peers' steps
+        (:mod:`coordinator.loss_verdict`): the evidence that its ranks step on is due but
+        not every other node of the job has beaten since."""
+        node = self.registry.nodes.get(event.node or "")
+        if node is None or node.id not in job.nodes or job.state not in policy.LIVE:
+            return False
+        due = evidence_at(self._stepped_at.get(job.id), job.step_s)
+        if due is None or self._decidable(job, event, due):
+            return False
+        self._awaited.wait(job, event, due, time.monotonic())
+        log.info(
+            "node silent; its verdict waits for its peers' next beat", job=job.id, node=node.id
+        )
+        return True
+
+    def _decidable(self, job: JobRecord, event: NodeLost, due: float) -> bool:
+        """The peers prove the ranks step on, or every other node of the job that still
+        beats has beaten after ``due`` (so its beat would show those steps), or none does."""
+        if self._stepped_since_silent(job, event):
+            return True
+        peers = [self.registry.nodes.get(n) for n in job.nodes if n != event.node]
+        beating = [p for p in peers if p is not None and p.state is not NodeState.LOST]
+        return all(p.last_seen >= due for p in beating)
 
     async def _warn_at_risk(self, job: JobRecord, node: str, window_s: float) -> None:
         """Said before the evacuation starts, so the on-call engineer knows what to expect."""
@@ -422,6 +455,9 @@ class JobManager(ProgressInputs):
     async def tick(self) -> None:
         now = time.time()
         await self.reconciler.reconcile()
+        ready = self._awaited.ready(self.jobs, time.monotonic(), self._decidable)
+        for job, lost in ready:
+            await self._decide(job, lost)
         for job in list(self.jobs.values()):
             if job.state.terminal:
                 continue

@@ -23,6 +23,7 @@ from typing import Literal
 
 import msgspec
 
+WRITE_EVERY_S = 0.5  # how often a rank rewrites its beat (at most this stale when read)
 Phase = Literal["startup", "training", "checkpoint", "paused", "done"]
 STARTUP: Phase = "startup"  # until the first step of this process completes
 TRAINING: Phase = "training"

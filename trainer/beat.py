@@ -33,7 +33,6 @@ from ringmaster import rank_env, rankbeat
 from ringmaster.rankbeat import DONE, STARTUP, TRAINING, Phase, RankBeat
 from ringmaster.rundir import beat_beside
 
-INTERVAL_S = 0.5
 WINDOW = 20  # steps the median step time is taken over
 
 
@@ -41,7 +40,7 @@ class Beat:
     """Writes ``path`` every ``interval_s`` from a daemon thread; ``path=None`` (a rank
     started without an agent) keeps the state but writes nothing."""
 
-    def __init__(self, path: Path | None, *, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, path: Path | None, *, interval_s: float = rankbeat.WRITE_EVERY_S) -> None:
         self.path = path
         self.interval_s = interval_s
         self._lock = threading.Lock()

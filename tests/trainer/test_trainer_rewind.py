@@ -149,7 +149,10 @@ def test_a_slow_rank_shows_in_stragglers(tmp_path: Path, launch: Any, make_spec:
     reports = agent.of(Stragglers)
     assert [r.step for r in reports] == [5, 10, 15, 20, 25, 30]
     assert all(r.window_steps == 5 and len(r.rank_step_s) == 2 for r in reports)
-    # rank 0 waits for rank 1 every step, but its own compute time does not show that
+    # rank 0 waits for rank 1 every step, but its own compute time does not show that:
+    # rank 1 stands out by more than the policy's straggler ratio (its knob makes it 3x
+    # slower; the other work sharing this host's cores narrows that, never below 1.5)
     ratio = statistics.median(r.rank_step_s[1] / r.rank_step_s[0] for r in reports)
-    assert 2.0 < ratio < 4.5, [r.rank_step_s for r in reports]
+    threshold = spec.policy.straggler_ratio
+    assert threshold < ratio < 4.5, [r.rank_step_s for r in reports]
     agent.close()
