@@ -200,6 +200,11 @@ def collective_frame(frames: list[Frame]) -> Frame | None:
     return None
 
 
+def threads_in(dump: str) -> set[int]:
+    """The thread ids whose blocks a faulthandler dump holds."""
+    return {int(m[2], 16) for line in dump.splitlines() if (m := _HEADER.match(line))}
+
+
 def main_first(dump: str, main_thread: int, cap: int) -> str:
     """The dump from its first thread header, the main thread's block first, at most
     ``cap`` characters: what an event carries."""

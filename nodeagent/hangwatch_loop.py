@@ -28,6 +28,7 @@ from nodeagent.hangwatch import (
     fallback,
     judge,
     main_first,
+    threads_in,
 )
 from nodeagent.rankprobe import ProcStat, capture_stacks, proc_stat
 from proto.events import EventBase, Severity, WorkerHung
@@ -38,6 +39,7 @@ from ringmaster.rundir import JobDir
 
 log = structlog.get_logger()
 STACKS_CAP = 8192  # characters of stacks an event carries
+STACK_TRIES = 3
 _Key = tuple[str, int, int]  # (job, rank, pid)
 
 
@@ -198,8 +200,19 @@ class HangWatch:
         return verdict, stacks
 
     async def _stacks(self, proc: Proc, log_path: Path, beat: RankBeat | None) -> str:
-        dump = await capture_stacks(proc.pid, log_path, stopped=proc.stopped)
-        return main_first(dump, beat.main_thread if beat is not None else 0, STACKS_CAP)
+        """The culprit's stacks, the main thread's first. A stopped rank is continued for
+        its dump, and its other threads run meanwhile: a thread whose wait ran out while
+        it was stopped unwinds as faulthandler walks its frames, and such a dump has been
+        seen to end there, without the main thread. That dump is asked for again (the
+        thread is back in its wait by then), up to ``STACK_TRIES`` times."""
+        main = beat.main_thread if beat is not None else 0
+        dump = ""
+        for _ in range(STACK_TRIES):
+            dump = await capture_stacks(proc.pid, log_path, stopped=proc.stopped)
+            if not dump or not main or main in threads_in(dump):
+                break
+            log.info("stacks without the main thread; asking again", pid=proc.pid)
+        return main_first(dump, main, STACKS_CAP)
 
     async def _report(
         self,

@@ -315,13 +315,24 @@ class Cadence:
 
 
 def build(
-    coord: Coordination, job_id: str, node: str, every: int | None, cap: int, contended: bool
+    coord: Coordination,
+    job_id: str,
+    node: str,
+    every: int | None,
+    cap: int,
+    contended: bool,
+    first_attempt: bool = False,
 ) -> tuple[MemoryTier | None, str]:
     """The job's memory tier on this rank, and what to log of it; every rank of the job
     calls this at the same point (it gathers every rank's node). None, with the reason,
     when some rank's node has no writable ``/dev/shm``. ``contended``: this rank's
-    :func:`shares_cores`; the cadence counts background work if any rank's is."""
+    :func:`shares_cores`; the cadence counts background work if any rank's is.
+    ``first_attempt``: the job's first launch, which has no earlier attempt to resume
+    from, so whatever the node's store holds under this job's id is another run's and is
+    cleared (before the gathers below: no rank of this job writes before them)."""
     root = node_store(job_id, node)
+    if first_attempt and root is not None:
+        MemoryStore(root).clear()
     usable = coord.all_true(root is not None)
     contended = not coord.all_true(not contended)
     nodes: list[str] = coord.all_gather(node)

@@ -223,6 +223,7 @@ def run(
                 ckpt.memory_every_steps,
                 ckpt.every_steps,
                 memory_tier.shares_cores(device, launch.local_world_size),
+                first_attempt=launch.attempt == 1,
             )
             log("memory_tier", state=said)
         control = StepControl(launch.rank, device, link, enabled=hooks.control_word)

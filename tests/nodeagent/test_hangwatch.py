@@ -221,3 +221,33 @@ def test_an_unreadable_spec_means_the_default_thresholds(tmp_path: Path) -> None
     assert watch._thresholds_of("j1", 2, jobdir) == Thresholds()
     jobdir.spec.write_text('{"job": {"name": "j"}, "policy": {"hang_floor_s": 1.5}}')
     assert watch._thresholds_of("j1", 3, jobdir) == Thresholds(3.0, 1.5)
+
+
+@pytest.mark.anyio
+async def test_a_stopped_ranks_dump_without_its_main_thread_is_asked_for_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stopped rank is continued for its dump; a thread unwinding meanwhile has cut a
+    dump short before the main thread's block. Such a dump is asked for again."""
+    header = "(most recent call first):"
+    cut = f'Thread 0x{OTHER:x} {header}\n  File "threading.py", line 284 in _acquire_restore\n'
+    whole = f'{cut}\nThread 0x{MAIN:x} {header}\n  File "trainer/loop.py", line 9 in run\n'
+    dumps = [cut, whole]
+    asked: list[bool] = []
+
+    async def capture_stacks(pid: int, log_path: Path, *, stopped: bool) -> str:
+        asked.append(stopped)
+        return dumps.pop(0)
+
+    monkeypatch.setattr("nodeagent.hangwatch_loop.capture_stacks", capture_stacks)
+
+    async def emit(_: EventBase) -> None:
+        raise AssertionError("nothing to emit")
+
+    async def progress(_job: str, _message: Progress) -> None:
+        raise AssertionError("no progress either")
+
+    watch = HangWatch(Supervisor("node-a", tmp_path, emit, progress), emit, "node-a")
+    stacks = await watch._stacks(Proc(pid=42, state="T"), tmp_path / "log", beat(0.0, since_step=9))
+    assert asked == [True, True]
+    assert stacks.startswith(f"Thread 0x{MAIN:x}") and "trainer/loop.py" in stacks
