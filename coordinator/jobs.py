@@ -455,9 +455,10 @@ class JobManager(ProgressInputs):
     async def tick(self) -> None:
         now = time.time()
         await self.reconciler.reconcile()
-        ready = self._awaited.ready(self.jobs, time.monotonic(), self._decidable)
-        for job, lost in ready:
-            await self._decide(job, lost)
+        for job, lost in self._awaited.ready(self.jobs, time.monotonic(), self._decidable):
+            node = self.registry.nodes.get(lost.node or "")
+            if node is not None and node.state is NodeState.LOST:  # not beating again since
+                await self._decide(job, lost)
         for job in list(self.jobs.values()):
             if job.state.terminal:
                 continue

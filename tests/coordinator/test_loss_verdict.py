@@ -16,7 +16,7 @@ from coordinator.jobs import JobManager
 from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
 from proto.events import NodeLost
 from proto.job import JobRecord, JobState
-from proto.node import RankReport
+from proto.node import NodeState, RankReport
 from proto.progress import StepDone
 
 pytestmark = pytest.mark.anyio
@@ -28,6 +28,7 @@ async def slow_job_loses_rank_0s_node(c: Cluster, m: JobManager) -> JobRecord:
     job = await launched(c, m)
     job.step_s = 0.5
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))
+    c.registry.nodes["node-0"].state = NodeState.LOST  # as the leader's sweep marks it
     await m.on_event(NodeLost(node="node-0"))
     assert job.state is JobState.RUNNING and job.restarts == 0  # the verdict waits
     await m.tick()
@@ -76,9 +77,20 @@ async def test_peers_silent_too_end_the_wait_after_its_bound(
     job = await launched(c, m)
     job.step_s = 0.5
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))
+    c.registry.nodes["node-0"].state = NodeState.LOST
     await m.on_event(NodeLost(node="node-0"))
     await m.tick()
     assert job.state is JobState.RECOVERING and job.restarts == 1
+
+
+async def test_a_silent_node_that_beats_again_during_the_wait_is_no_loss() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await slow_job_loses_rank_0s_node(c, m)
+    c.beat("node-0")  # its agent is back before the peers' beat came
+    peer_reports(c, job, last_step=job.step + 1, beat_later=True)
+    await m.tick()
+    assert job.state is JobState.RUNNING and job.restarts == 0
 
 
 def test_the_evidence_is_due_two_steps_and_a_beat_file_after_rank_0s_word() -> None:
