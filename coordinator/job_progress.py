@@ -49,6 +49,7 @@ class ProgressInputs:
     _dirty: set[str]
     _stepped_at: dict[str, float]  # monotonic time of each job's newest step
     _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
+    _slow_window: dict[tuple[str, int], set[int]]  # ranks slow in the attempt's last window
     _checkpoint_began: dict[str, tuple[int, float]]  # periodic checkpoint: step, monotonic
     _arrival: dict[str, tuple[int, float]]  # each job's newest step and when it came
 
@@ -151,8 +152,11 @@ class ProgressInputs:
             case Rewound():
                 await self._rewound(job, msg)
             case Stragglers():
-                reported = self._straggled.setdefault((job.id, job.attempt), set())
-                for action in policy.on_stragglers(job, msg, reported):
+                key = (job.id, job.attempt)
+                reported = self._straggled.setdefault(key, set())
+                before = self._slow_window.get(key, set())
+                self._slow_window[key] = set(policy.slow_ranks(job, msg))
+                for action in policy.on_stragglers(job, msg, reported, before):
                     await self.apply(job, action)
 
     async def _bandwidth(self, job: JobRecord, msg: BandwidthChecked) -> None:

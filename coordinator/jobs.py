@@ -78,6 +78,7 @@ class JobManager(ProgressInputs):
         self.reconciler = Reconciler(self)
         self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
         self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
+        self._slow_window: dict[tuple[str, int], set[int]] = {}  # ranks slow, last window
         self._checkpoint_began: dict[str, tuple[int, float]] = {}
         self._arrival: dict[str, tuple[int, float]] = {}
         self._dirty: set[str] = set()

@@ -385,16 +385,18 @@ def on_rewound(job: JobRecord, msg: Rewound) -> list[Action]:
     ]
 
 
-def on_stragglers(job: JobRecord, msg: Stragglers, reported: set[int]) -> list[Action]:
-    """Ranks slower than ``straggler_ratio`` × their peers' median over the window
-    (``reported``: ranks already reported this attempt). With spares, the first
+def on_stragglers(
+    job: JobRecord, msg: Stragglers, reported: set[int], slow_before: set[int]
+) -> list[Action]:
+    """Ranks slower than ``straggler_ratio`` × their peers' median in two windows in a row
+    (``slow_before``: the ranks :func:`slow_ranks` found in this attempt's previous window;
+    ``reported``: ranks already reported this attempt). One slow window is a hiccup of the
+    host (a checkpoint write, a neighbour's burst), not a slow GPU. With spares, the first
     straggler's node is replaced gracefully (uncharged: nothing failed)."""
-    if job.state is not JobState.RUNNING or job.world_size != len(msg.rank_step_s):
-        return []
-    pol, per_node = job.spec.policy, job.spec.job.gpus_per_node
+    per_node = job.spec.job.gpus_per_node
     actions: list[Action] = []
-    for rank, (seconds, median) in sorted(stragglers(msg.rank_step_s, pol.straggler_ratio).items()):
-        if rank in reported or rank // per_node >= len(job.nodes):
+    for rank, (seconds, median) in sorted(slow_ranks(job, msg).items()):
+        if rank in reported or rank not in slow_before or rank // per_node >= len(job.nodes):
             continue
         node = job.nodes[rank // per_node]
         actions.append(ReportStraggler(node, rank, seconds, median))
@@ -402,6 +404,13 @@ def on_stragglers(job: JobRecord, msg: Stragglers, reported: set[int]) -> list[A
             why = f"rank {rank} on {node} straggles: {seconds:.3f} s/step vs {median:.3f} s"
             actions.append(RestartJob(why, (node,), graceful=True))
     return actions
+
+
+def slow_ranks(job: JobRecord, msg: Stragglers) -> dict[int, tuple[float, float]]:
+    """:func:`stragglers` of a window of the running attempt's world; none otherwise."""
+    if job.state is not JobState.RUNNING or job.world_size != len(msg.rank_step_s):
+        return {}
+    return stragglers(msg.rank_step_s, job.spec.policy.straggler_ratio)
 
 
 def stragglers(rank_step_s: list[float], ratio: float) -> dict[int, tuple[float, float]]:

@@ -144,7 +144,7 @@ class PolicySection(Config):
     hang_step_factor: PositiveFloat = 3.0
     hang_floor_s: PositiveFloat = 3.0
     # A straggler: its median compute time per step over straggler_window_steps steps is
-    # over straggler_ratio × the median of its peers'.
+    # over straggler_ratio × the median of its peers', in two windows in a row.
     straggler_ratio: Annotated[float, msgspec.Meta(gt=1)] = 1.5
     straggler_window_steps: Annotated[int, msgspec.Meta(ge=3)] = 20
     # s; the shortest preemption notice the job's nodes may get (AWS spot 120 s, GCP and
