@@ -22,16 +22,18 @@ from typing import Any
 
 import structlog
 
-from coordinator import exclusion, job_machine, policy
+from coordinator import exclusion, hang_verdict, job_machine, policy
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
 from coordinator.goodput import account, charge_detection
+from coordinator.hang_verdict import HeldHangs
 from coordinator.job_machine import Effect, Input
 from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
 from coordinator.jobstore import JobStore
 from coordinator.launch import Launcher
 from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
+from coordinator.network_culprit import suspects
 from coordinator.reconcile import peers_stepped_on
 from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
@@ -85,6 +87,7 @@ class JobManager(ProgressInputs):
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}
         self._awaited = AwaitedVerdicts()
+        self._held = HeldHangs()  # hangs without a culprit, waiting for the network's word
 
     # -- persistence ------------------------------------------------------------------
 
@@ -225,6 +228,8 @@ class JobManager(ProgressInputs):
                 continue  # another job's rank: nothing to do with this one
             if isinstance(event, NodeLost) and self._awaits_evidence(job, event):
                 continue
+            if isinstance(event, WorkerHung) and self._holds_for_network(job, event):
+                continue
             await self._decide(job, event)
 
     async def _decide(self, job: JobRecord, event: EventBase) -> None:
@@ -255,6 +260,23 @@ class JobManager(ProgressInputs):
             "node silent; its verdict waits for its peers' next beat", job=job.id, node=node.id
         )
         return True
+
+    def _holds_for_network(self, job: JobRecord, event: WorkerHung) -> bool:
+        """Whether a hang no node can pin waits for the network's word
+        (:mod:`coordinator.hang_verdict`): none names a suspect yet, and the job's nodes'
+        probes may still find one."""
+        if not event.culprit_unknown or self._network_evidence(job):
+            return False
+        nodes = [self.registry.nodes.get(n) for n in job.nodes]
+        wait = max((n.probe_confirm_s for n in nodes if n is not None), default=0.0)
+        if wait <= 0:
+            return False
+        if self._held.hold(job, event, time.monotonic() + wait + hang_verdict.SLACK_S):
+            log.info("hang without a culprit; its verdict waits for the network", job=job.id)
+        return True
+
+    def _network_evidence(self, job: JobRecord) -> bool:
+        return bool(suspects(job, self.registry.link_conditions(job.nodes)))
 
     def _decidable(self, job: JobRecord, event: NodeLost, due: float) -> bool:
         """The peers prove the ranks step on, or every other node of the job that still
@@ -460,6 +482,8 @@ class JobManager(ProgressInputs):
             node = self.registry.nodes.get(lost.node or "")
             if node is not None and node.state is NodeState.LOST:  # not beating again since
                 await self._decide(job, lost)
+        for job, hung in self._held.ready(self.jobs, time.monotonic(), self._network_evidence):
+            await self._decide(job, hung)
         for job in list(self.jobs.values()):
             if job.state.terminal:
                 continue
@@ -472,6 +496,11 @@ class JobManager(ProgressInputs):
                     await self.apply(job, action)
                 if not job.state.terminal and not self.busy(job.id, "launch"):
                     self.spawn(job.id, "launch", self.start_pending(job))
+            elif stall := policy.on_network_stall(
+                job, self.registry.link_conditions(job.nodes), now
+            ):
+                for action in stall:
+                    await self.apply(job, action)
             elif why := grow_reason(job, self._free(job), now):
                 await self.apply(job, policy.RestartJob(why, graceful=True))
             elif self._bounding_due(job, now):

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from coordinator.goodput import stall_threshold
 from proto.conditions import LINK_KINDS, Condition, ConditionKind
-from proto.job import JobRecord
+from proto.job import JobRecord, JobState
 
 
 def link_suspects(job: JobRecord, links: Mapping[str, Sequence[Condition]]) -> dict[str, str]:
@@ -46,3 +47,26 @@ def cut_off(job: JobRecord, links: Mapping[str, Sequence[Condition]]) -> dict[st
         for c in links.get(master, ())
         if c.kind is ConditionKind.NET_PEER and c.subject in job.nodes and c.subject != master
     }
+
+
+def suspects(job: JobRecord, links: Mapping[str, Sequence[Condition]]) -> dict[str, str]:
+    """The nodes the network makes the culprit of a stall, by name, with the evidence."""
+    return link_suspects(job, links) or cut_off(job, links)
+
+
+def stalled_cut_off(
+    job: JobRecord, links: Mapping[str, Sequence[Condition]], now: float
+) -> tuple[float, dict[str, str]] | None:
+    """A start or a run that made no step for the stall threshold while most of the job's
+    other nodes cannot reach one of its nodes: the seconds without a step, and the nodes
+    cut off with who says so. Level-triggered: whatever was decided before the network's
+    word came (a hang with no culprit decided as a plain hang, a start waiting on a
+    rendezvous the node cannot reach), the job does not stay stuck with that node. A job
+    whose ranks step is left alone, whatever the probes say."""
+    if job.state not in (JobState.STARTING, JobState.RUNNING) or job.stopping:
+        return None
+    since = max(job.last_step_at or 0.0, job.attempt_started_at or 0.0)
+    if not since or now - since < stall_threshold(job):
+        return None
+    cut = cut_off(job, links)
+    return (now - since, cut) if cut else None

@@ -385,6 +385,20 @@ def on_rewound(job: JobRecord, msg: Rewound) -> list[Action]:
     ]
 
 
+def on_network_stall(
+    job: JobRecord, links: Mapping[str, Sequence[Condition]], now: float
+) -> list[Action]:
+    """No step for the stall threshold with a node cut off from its peers: restart
+    without it (:func:`coordinator.network_culprit.stalled_cut_off`)."""
+    if (found := network_culprit.stalled_cut_off(job, links, now)) is None:
+        return []
+    stalled_s, cut = found
+    said = "; ".join(f"{n}: {r}" for n, r in cut.items())
+    why = f"no step for {stalled_s:.0f} s with a node cut off from its peers ({said}); left out"
+    left_out = tuple(cut)
+    return [RestartJob(why, left_out, Failure(node=left_out[0], cause="network", step=job.step))]
+
+
 def on_stragglers(
     job: JobRecord, msg: Stragglers, reported: set[int], slow_before: set[int]
 ) -> list[Action]:

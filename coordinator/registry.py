@@ -44,6 +44,7 @@ class NodeInfo:
     ranks: list[RankReport] = field(default_factory=list)  # the agent's, as of its newest beat
     agent_started_at: float = 0.0  # when its agent process started (a new value: restarted)
     probe_port: int = 0  # its agent's peer-probe listener on ``addr`` (0: none)
+    probe_confirm_s: float = 0.0  # how long its probes take to find a peer unreachable
     # the newest change each event brought, by key, until a beat sent after it arrives
     _news: dict[str, Condition] = field(default_factory=dict, repr=False)
 
@@ -109,7 +110,7 @@ class Registry:
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
-        node.probe_port = beat.probe_port
+        node.probe_port, node.probe_confirm_s = beat.probe_port, beat.probe_confirm_s
         mirror = {c.key: c for c in beat.conditions if c.active}
         # An event may have overtaken the beat (they travel separately): its change stands
         # until a beat sent after it says otherwise.

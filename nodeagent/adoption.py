@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ringmaster.procs import wait_until_async
 from ringmaster.rundir import JobDir, is_rank, live_ranks, read_exit
@@ -44,6 +44,19 @@ def adoptable(run_dir: Path) -> list[Found]:
         jobdir = JobDir(run_dir, job)
         found.append(Found(job, jobdir.read_attempt(), jobdir.recorded_ranks()))
     return found
+
+
+class RankProcess(Protocol):
+    """A rank's process: a child (``asyncio.subprocess.Process``) or an adopted rank
+    (:class:`AdoptedRank`, whose ``wait`` may not know the status)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int | None: ...
 
 
 class AdoptedRank:

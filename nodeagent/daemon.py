@@ -123,6 +123,7 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        await self.supervisor.warm.adopt()  # spares a predecessor left: none to start for them
         self.supervisor.warm_ranks(self._warm_ranks())  # imports while we connect
         nc = await connect(cfg.nats, f"nodeagent-{self.node}", auth.from_env(cfg.creds_file))
         self._outbox = Outbox(nc.jetstream())
@@ -222,6 +223,14 @@ class Agent:
     def _gpus(self) -> int:
         return self.config.gpus if self.config.gpus is not None else len(self.telemetry.gpus)
 
+    def _probe_confirm_s(self) -> float:
+        """The longest a peer unreachable from now may take to open ``net.peer`` here: the
+        wait for the next probe, then ``probe_confirm`` failed ones (0: none probe)."""
+        net = self.config.network
+        if not self.probe_port:
+            return 0.0
+        return net.probe_every_s * net.probe_confirm + net.probe_timeout_s
+
     def _warm_ranks(self) -> int:
         return self.config.warm_spares(self._gpus())  # NVML's count once sampled
 
@@ -259,6 +268,7 @@ class Agent:
                 simulated=self.config.simulated,
                 interval_s=self.config.heartbeat_s,
                 probe_port=self.probe_port,
+                probe_confirm_s=self._probe_confirm_s(),
                 telemetry=self.telemetry,
                 conditions=self.active.conditions(),
                 collectors=list(self.statuses.values()),

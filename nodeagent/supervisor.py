@@ -26,11 +26,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import structlog
 
-from nodeagent.adoption import AdoptedRank, adoptable
+from nodeagent.adoption import AdoptedRank, RankProcess, adoptable
 from nodeagent.control_channel import ControlChannel
 from nodeagent.rank_reports import RankExit, rank_reports
 from nodeagent.rank_start import rank_argv, rank_cpus, start_cold
@@ -48,7 +47,6 @@ from ringmaster.rundir import (
     JobDir,
     compile_cache,
     sim_knobs,
-    warm_pool_log,
 )
 
 log = structlog.get_logger()
@@ -58,19 +56,6 @@ ProgressSink = Callable[[str, Progress], Awaitable[None]]
 
 class SupervisorError(RuntimeError):
     pass
-
-
-class RankProcess(Protocol):
-    """A rank's process: a child (``asyncio.subprocess.Process``) or an adopted rank
-    (``nodeagent.adoption.AdoptedRank``, whose ``wait`` may not know the status)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int | None: ...
 
 
 @dataclass
@@ -112,9 +97,7 @@ class Supervisor:
         self.shm = Path("/dev/shm")
         # spare interpreters for the built-in trainer (nodeagent.warm_pool); none until
         # warm_ranks() asks for some
-        self.warm = WarmPool(
-            0, warm_pool_log(run_dir), command=warm_command, refill_delay_s=warm_refill_delay_s
-        )
+        self.warm = WarmPool(0, run_dir, command=warm_command, refill_delay_s=warm_refill_delay_s)
 
     def warm_ranks(self, spares: int) -> None:
         """Keep ``spares`` interpreters ready (0: none; started in the background, and
@@ -215,7 +198,9 @@ class Supervisor:
             if not cmd.argv:  # the built-in trainer; user entry scripts start cold
                 cpus = sorted(rank_cpus(spec.cpus) or [])
                 launch = WarmLaunch(env=env, cwd=str(workdir), log=str(logpath), cpus=cpus)
-                proc = await self.warm.take(launch)
+                proc = await self.warm.take(
+                    launch, job=cmd.job, exit_record=jobdir.rank_exit(spec.rank)
+                )
             warm = proc is not None
             if proc is None:
                 try:

@@ -2,10 +2,11 @@
 Python start and the imports of torch, DeepSpeed and torchao.
 
 Each spare is ``python -m trainer.warm`` in its own session (so, once it is a rank, its
-PID is its process group's id, as for a rank started cold): it imports the training stack,
-writes ``READY`` on its stdout and waits for one launch line on its stdin
-(``proto.warm.WarmLaunch``). :meth:`WarmPool.take` hands a ready spare its launch, waits
-for its ``STARTED`` and returns it as the rank's process; a replacement is started after
+PID is its process group's id, as for a rank started cold), listening on a Unix socket the
+pool bound for it (``proto.warm``): it imports the training stack, then answers the pool's
+connection with ``READY`` and waits for one launch line (``proto.warm.WarmLaunch``).
+:meth:`WarmPool.take` hands a ready spare its launch, waits for its ``STARTED`` and
+returns it as the rank's process; a replacement is started after
 ``refill_delay_s`` (on a node with few cores the replacement's imports would otherwise
 compete with the ranks starting at that very moment). A launch that finds its spare still
 importing hands it the launch at once and takes it as the rank's process: a cold start
@@ -21,8 +22,15 @@ the rank cold. A spare that dies before it is ready is not replaced until the ne
 ``take`` asks, so a broken install costs one failed start per launch, not a loop (one
 that dies after it was handed a launch is that rank's exit). Spares are killed when the
 agent shuts down (ranks are not: they outlive the agent, and so does a spare already
-handed its launch, which reads it on its own); a spare whose agent died without a word
-and that was handed nothing sees its stdin close and exits.
+handed its launch, which reads it on its own).
+
+Spares outlive an agent that dies (a crash, ``kill -9``): their sockets are named in the
+run directory by PID, start time and a stamp of the code they imported
+(``ringmaster.rundir.spare_dir``), and the restarted agent adopts them
+(:meth:`WarmPool.adopt`) before starting any, so a rank failing right after an agent
+restart is not left waiting for a new spare's imports. A spare of other code (the agent
+restarted after an upgrade) is killed, not adopted; one no agent connects to again exits
+on its own (``trainer.warm.ORPHAN_S``).
 
 The agent never imports the trainer: a spare is a process, like a rank.
 """
@@ -32,18 +40,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
+import socket
 import sys
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+import uuid
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from nodeagent.adoption import RankProcess
+from nodeagent.spare import Spare, close, import_time_difference, kill
+from nodeagent.spare_adoption import code_stamp, predecessors_spares
 from proto.codec import encode
-from proto.warm import READY, STARTED, WarmLaunch
+from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, READY, STARTED, WarmLaunch
+from ringmaster.procs import start_time
+from ringmaster.rundir import spare_dir, spare_socket, warm_pool_log
 
 log = structlog.get_logger()
 
@@ -52,85 +66,61 @@ HANDOVER_S = 10.0  # a ready spare answers in milliseconds; this only bounds a w
 # How long a spare handed a launch while importing may take to start the rank, before any
 # spare was seen ready, and at most (34 s were seen on 2 cores with five agents starting)
 FIRST_IMPORT_WAIT_S = 90.0
-# Read when torch, DeepSpeed, OpenMP, the dynamic loader or Python itself start: a spare
-# started under other values cannot become a rank that needs these. What torch reads when
-# a process group or CUDA starts (TORCH_NCCL_*, NCCL_*, PYTORCH_CUDA_ALLOC_CONF) is read
-# after the hand-over, in the rank's environment.
-IMPORT_TIME = (
-    "PYTHON",
-    "LD_",
-    "OMP_",
-    "KMP_",
-    "GOMP_",
-    "MKL_",
-    "OPENBLAS_",
-    "TORCH_LOGS",
-    "TORCHDYNAMO_",
-    "TORCHINDUCTOR_",
-    "DS_ACCELERATOR",
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-)
-APPLIED_BY_WORKER = frozenset({"OMP_NUM_THREADS"})  # the worker sets its threads itself
-
-
-def import_time_difference(spare: Mapping[str, str], rank: Mapping[str, str]) -> str | None:
-    """The first variable read at import time whose value differs between the spare's
-    environment and the rank's (set in one and not the other counts); None when a spare
-    can become this rank."""
-    for name in sorted(set(spare) | set(rank)):
-        if name in APPLIED_BY_WORKER or not name.startswith(IMPORT_TIME):
-            continue
-        if spare.get(name) != rank.get(name):
-            return name
-    return None
-
-
-@dataclass(eq=False)
-class Spare:
-    proc: asyncio.subprocess.Process
-    env: dict[str, str]
-    born: float = field(default_factory=time.monotonic)
-    ready: bool = False
-    settled: asyncio.Event = field(default_factory=asyncio.Event)  # ready, or dead
 
 
 @dataclass
 class WarmPool:
     size: int
-    log_path: Path
+    run_dir: Path
     command: Sequence[str] = SPARE
     refill_delay_s: float = 0.0
+    orphan_s: float | None = None  # a spare's wait for a restarted agent (None: its own)
     spares: list[Spare] = field(default_factory=list)
     _starting: int = 0
     import_s: float | None = None  # how long the newest ready spare took to import
     # a spare's imports keep about one core busy: on a node with few cores several at once
     # each take longer, and the first launch would wait for all of them
     imports_at_once: int = field(default_factory=lambda: max(1, (os.cpu_count() or 1) // 4))
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _tasks: set[asyncio.Task[object]] = field(default_factory=set)
     _closed: bool = False
+
+    @property
+    def log_path(self) -> Path:
+        return warm_pool_log(self.run_dir)
 
     def resize(self, size: int) -> None:
         """Keep ``size`` spares: start the missing ones in the background, kill any over."""
-        if self._closed or size == self.size:
-            return
+        if self._closed or (size == self.size and len(self.spares) <= size):
+            return  # (adopted spares may be over a size that did not change)
         self.size = size
         surplus = len(self.spares) - size
         if surplus > 0:
             # the youngest first: the oldest are the likeliest to be ready
             extra, self.spares = self.spares[size:], self.spares[:size]
             for spare in extra:
-                _end(spare.proc)
-                self._background(_reap(spare.proc))
+                self._background(kill(spare))
         self._background(self._top_up())
 
-    def ready(self) -> int:
-        return sum(1 for s in self.spares if s.ready and s.proc.returncode is None)
+    async def adopt(self) -> int:
+        """Take over the spares the agent before this one left running; how many. Call it
+        before :meth:`resize`, so none is started that an adopted one would stand for."""
+        stamp = code_stamp(self.command)
+        for found, env, reader, writer in await predecessors_spares(self.run_dir, stamp):
+            spare = Spare(found.pid, found.started, env, reader, writer, found.path)
+            self.spares.append(spare)
+            self._background(self._await_ready(spare))
+        if self.spares:
+            log.info("warm interpreters adopted", pids=[s.pid for s in self.spares])
+        return len(self.spares)
 
-    async def take(self, launch: WarmLaunch) -> asyncio.subprocess.Process | None:
+    def ready(self) -> int:
+        return sum(1 for s in self.spares if s.ready and s.alive())
+
+    async def take(self, launch: WarmLaunch, *, job: str, exit_record: Path) -> RankProcess | None:
         """A spare turned into the rank ``launch`` describes, or None: start it cold. A
         spare still importing is handed the launch at once and returned as the rank: it
-        reads the launch once its imports are done (:meth:`_hand_over_later`)."""
+        reads the launch once its imports are done (:meth:`_hand_over_later`).
+        ``exit_record``: where the rank leaves its status (read for an adopted spare)."""
         if self.size == 0:
             return None  # the pool is off
         self._prune()
@@ -143,30 +133,28 @@ class WarmPool:
             log.info("rank environment differs at import time: rank starts cold", variable=name)
             return None
         self.spares.remove(spare)
+        spare.socket.unlink(missing_ok=True)  # a rank from now on: no agent may adopt it
         self._refill()
-        proc = spare.proc
-        assert proc.stdin is not None and proc.stdout is not None
         try:
-            proc.stdin.write(encode(launch) + b"\n")
-            await proc.stdin.drain()
-            proc.stdin.close()
+            spare.writer.write(encode(launch) + b"\n")
+            await spare.writer.drain()
         except OSError:
-            log.warning("warm interpreter did not take the launch: rank starts cold", pid=proc.pid)
-            await _kill(proc)
+            log.warning("warm interpreter did not take the launch: rank starts cold", pid=spare.pid)
+            await kill(spare)
             return None
+        rank = spare.as_rank(job, exit_record)
         if not spare.ready:
             self._background(self._hand_over_later(spare))
-            return proc
+            return rank
         word = b""
         with contextlib.suppress(OSError, TimeoutError):
-            word = await asyncio.wait_for(proc.stdout.readline(), HANDOVER_S)
+            word = await asyncio.wait_for(spare.reader.readline(), HANDOVER_S)
         if word != STARTED:
-            log.warning("warm interpreter did not take the launch: rank starts cold", pid=proc.pid)
-            await _kill(proc)
+            log.warning("warm interpreter did not take the launch: rank starts cold", pid=spare.pid)
+            await kill(spare)
             return None
-        # the rank's own log replaces this pipe: it ends at EOF, and wait() waits for that
-        self._background(_drain(proc.stdout))
-        return proc
+        close(spare)  # the rank's own log took over; the spare closed its end
+        return rank
 
     def wait_bound(self) -> float:
         """How long a spare handed a launch while importing may take to start it: twice
@@ -181,32 +169,31 @@ class WarmPool:
         within :meth:`wait_bound` is wedged and killed: its rank exits, and is reported
         like any rank's exit. The agent's own shutdown leaves it be (ranks outlive the
         agent, and it reads its launch on its own)."""
-        proc, bound = spare.proc, self.wait_bound()
-        assert proc.stdout is not None
+        bound = self.wait_bound()
         log.info(
             "warm interpreter still importing: it starts the rank when ready",
-            pid=proc.pid,
+            pid=spare.pid,
             importing_s=round(time.monotonic() - spare.born, 2),
             bound_s=round(bound, 1),
         )
         word = b""
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError, OSError):
             async with asyncio.timeout(bound):
                 await spare.settled.wait()
                 if spare.ready:
-                    word = await proc.stdout.readline()
+                    word = await spare.reader.readline()
         if self._closed:
             return
         if word == STARTED:
-            await _drain(proc.stdout)
+            close(spare)
             return
         log.warning(
             "warm interpreter did not start its rank: killed, its exit is the rank's",
-            pid=proc.pid,
-            died=proc.returncode is not None,
+            pid=spare.pid,
+            died=not spare.alive(),
             bound_s=round(bound, 1),
         )
-        await _kill(proc)
+        await kill(spare)
 
     async def close(self) -> None:
         """Kill every spare (not the ranks they became); the pool starts no more."""
@@ -215,7 +202,7 @@ class WarmPool:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         spares, self.spares = self.spares, []
-        await asyncio.gather(*(_kill(s.proc) for s in spares), return_exceptions=True)
+        await asyncio.gather(*(kill(s) for s in spares), return_exceptions=True)
 
     def _refill(self) -> None:
         async def later() -> None:
@@ -226,7 +213,9 @@ class WarmPool:
 
     def _prune(self) -> None:
         """Forget spares that died after they were ready: their places are free again."""
-        self.spares = [s for s in self.spares if s.proc.returncode is None]
+        for spare in [s for s in self.spares if not s.alive()]:
+            self.spares.remove(spare)
+            self._background(kill(spare))  # reaped, its socket removed
 
     def _importing(self) -> int:
         return self._starting + sum(1 for s in self.spares if not s.ready)
@@ -247,29 +236,48 @@ class WarmPool:
                 self._starting -= 1
             if spare is None:
                 return
-            if self._closed:
-                await _kill(spare.proc)
+            if self._closed or len(self.spares) >= self.size:  # closed or shrunk meanwhile
+                await kill(spare)
                 return
             self.spares.append(spare)
             self._background(self._await_ready(spare))
 
     async def _spawn(self) -> Spare | None:
+        """A new spare, listening on a socket bound here and named, once its PID is known,
+        where a restarted agent finds it; connected to, its READY to come."""
         env = dict(os.environ)
+        directory = spare_dir(self.run_dir)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = directory / f"new-{uuid.uuid4().hex[:12]}.sock"
         try:
-            with self.log_path.open("ab") as logf:
-                proc = await asyncio.create_subprocess_exec(
-                    *self.command,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=logf,
-                    env=env,
-                    start_new_session=True,
-                )
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with contextlib.closing(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)) as sock:
+                sock.bind(str(fresh))
+                sock.listen(1)
+                spare_env = {**env, LISTEN_FD_ENV: str(sock.fileno())}
+                if self.orphan_s is not None:
+                    spare_env[ORPHAN_S_ENV] = str(self.orphan_s)
+                with self.log_path.open("ab") as logf:
+                    proc = await asyncio.create_subprocess_exec(
+                        *self.command,
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=logf,
+                        stderr=logf,
+                        env=spare_env,
+                        pass_fds=(sock.fileno(),),
+                        start_new_session=True,
+                    )
+            started = start_time(proc.pid)
+            path = fresh
+            if started is not None:
+                path = spare_socket(directory, proc.pid, started, code_stamp(self.command))
+                fresh.rename(path)
+            reader, writer = await asyncio.open_unix_connection(str(path))
         except OSError as exc:
+            fresh.unlink(missing_ok=True)
             log.warning("cannot start a warm interpreter", error=str(exc))
             return None
-        return Spare(proc, env)
+        return Spare(proc.pid, started, env, reader, writer, path, child=proc)
 
     async def _await_ready(self, spare: Spare) -> None:
         try:
@@ -278,46 +286,23 @@ class WarmPool:
             spare.settled.set()
 
     async def _read_ready(self, spare: Spare) -> None:
-        assert spare.proc.stdout is not None
-        word = await spare.proc.stdout.readline()
+        word = b""
+        with contextlib.suppress(OSError):
+            word = await spare.reader.readline()
         if word == READY:
             spare.ready = True
             self.import_s = time.monotonic() - spare.born
-            log.info("warm interpreter ready", pid=spare.proc.pid, import_s=round(self.import_s, 2))
+            log.info("warm interpreter ready", pid=spare.pid, import_s=round(self.import_s, 2))
             await self._top_up()
             return
         if spare not in self.spares:
             return  # ended on purpose (resize, close), or a launch waits on it
         # died before it was ready: not replaced until a launch asks (no restart loop)
         self.spares.remove(spare)
-        code = await _kill(spare.proc)
+        code = await kill(spare)
         log.warning("warm interpreter died before it was ready", code=code, log=str(self.log_path))
 
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+    def _background(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.read(4096):
-        pass
-
-
-def _end(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the spare's session (it has not become a rank) and close its stdin."""
-    if proc.stdin is not None:
-        proc.stdin.close()
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-async def _reap(proc: asyncio.subprocess.Process) -> None:
-    await proc.wait()
-
-
-async def _kill(proc: asyncio.subprocess.Process) -> int:
-    """End the spare and reap it; its exit status."""
-    _end(proc)
-    return await proc.wait()

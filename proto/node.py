@@ -84,6 +84,9 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     # The TCP port of the agent's peer-probe listener on ``addr`` (0: none): the job's
     # other nodes connect to it to tell a partition from a hang (nodeagent.peer_probe)
     probe_port: int = 0
+    # s: how long its probes take at most to find a peer unreachable (0: it probes none);
+    # the coordinator waits that long for the network's word on a hang no node can pin
+    probe_confirm_s: float = 0.0
 
 
 class ClockProbe(msgspec.Struct, kw_only=True):

@@ -6,6 +6,10 @@
     <run_dir>/sim-knobs.json            rehearsal knobs of a simulated node (inject)
     <run_dir>/probe-port                the peer-probe listener's port, kept across restarts
     <run_dir>/warm-pool.log             what warm interpreters print before they are ranks
+    <run_dir>/spares/<pid>-<start>-<stamp>.sock
+                                        a warm interpreter's listening socket, named by
+                                        its PID, start time and code stamp (see
+                                        spare_dir for deep run directories)
     <run_dir>/jobs/<job>/spec.json      the job spec the ranks read ($RINGMASTER_JOB_SPEC)
     <run_dir>/jobs/<job>/attempt        the attempt of the job the ranks below belong to
     <run_dir>/jobs/<job>/peers.json     the job's other nodes' probe addresses (its launch)
@@ -81,6 +85,58 @@ def warm_pool_log(run_dir: Path) -> Path:
     """Output of the node's warm interpreters until each becomes a rank (then the rank's
     own log takes over)."""
     return run_dir / "warm-pool.log"
+
+
+_SPARE = re.compile(r"(\d+)-(\d+)-([0-9a-f]{12})\.sock")
+_SPARE_NAME_MAX = len("4194304-18446744073709551615-0123456789ab.sock")
+
+
+def spare_dir(run_dir: Path) -> Path:
+    """Where the node's warm interpreters listen for their agent, one socket each
+    (``nodeagent.warm_pool``): a restarted agent finds them here. In the run directory
+    when every name fits AF_UNIX's limit; else a short name derived from it, in the temp
+    dir."""
+    path = run_dir / "spares"
+    if len(os.fsencode(path)) + 1 + _SPARE_NAME_MAX < _SOCKET_PATH_MAX:
+        return path
+    digest = hashlib.sha1(os.fsencode(run_dir)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"ringmaster-spares-{digest}"
+
+
+class RecordedSpare(NamedTuple):
+    """A warm interpreter's socket and what its name says: whose it is (PID and start
+    time, ``ringmaster.procs.start_time``) and what code it imported (``stamp``)."""
+
+    pid: int
+    started: int
+    stamp: str
+    path: Path
+
+
+def spare_socket(directory: Path, pid: int, started: int, stamp: str) -> Path:
+    return directory / f"{pid}-{started}-{stamp}.sock"
+
+
+def recorded_spares(run_dir: Path) -> tuple[list[RecordedSpare], list[Path]]:
+    """The spare sockets under :func:`spare_dir`, and the other files there (sockets of
+    an agent that died while starting a spare: nobody can tell whose they are)."""
+    spares, other = [], []
+    for path in sorted(spare_dir(run_dir).glob("*")):
+        if (m := _SPARE.fullmatch(path.name)) is None:
+            other.append(path)
+        else:
+            spares.append(RecordedSpare(int(m[1]), int(m[2]), m[3], path))
+    return spares, other
+
+
+def live_spares(run_dir: Path) -> list[RecordedSpare]:
+    """The recorded spares whose process still runs (it may have become a rank since)."""
+    return [s for s in recorded_spares(run_dir)[0] if spare_running(s)]
+
+
+def spare_running(spare: RecordedSpare) -> bool:
+    """Whether the process the socket names runs: that PID, started at that time."""
+    return pid_alive(spare.pid) and start_time(spare.pid) == spare.started
 
 
 def compile_cache(run_dir: Path) -> Path:

@@ -3,14 +3,18 @@
 A rank started cold pays for the interpreter and for importing torch, DeepSpeed and
 torchao (seconds on every restart) before it does anything for its job. The node agent
 keeps a few of these interpreters ready (``nodeagent.warm_pool``): each imports what the
-worker needs, says ``READY`` on its stdout (kept for these words alone: anything else
-printed goes to stderr, the pool's log), and blocks on one launch line on stdin
-(``proto.warm.WarmLaunch``). Given one, it becomes the rank exactly as ``exec`` would have
-made it: environment replaced whole, working directory, the rank's log on fds 1 and 2,
-``/dev/null`` on fd 0, CPU affinity for every thread; it says ``STARTED`` just before the
-redirection (so the agent knows the hand-over took) and runs ``trainer.worker.main``,
-leaving with its status the way ``python -m trainer.worker`` does (``os._exit`` after
-flushing). Stdin closing without a line (the agent went away) ends it quietly, status 0.
+worker needs, then serves the agent on the listening socket it inherited
+(``proto.warm``): it says ``READY`` to the agent's connection and blocks on one launch
+line. Given one, it becomes the rank exactly as ``exec`` would have made it: environment
+replaced whole, working directory, the rank's log on fds 1 and 2, ``/dev/null`` on fd 0,
+CPU affinity for every thread; it says ``STARTED`` (so the agent knows the hand-over
+took), closes the socket and runs ``trainer.worker.main``, leaving with its status the
+way ``python -m trainer.worker`` does (``os._exit`` after flushing).
+
+It outlives its agent as ranks do: a connection that ends without a launch (the agent
+died, ``kill -9`` or a crash) sends it back to accepting, and the restarted agent finds
+its socket in the run directory and connects again. No agent within
+``$RINGMASTER_SPARE_ORPHAN_S`` seconds (the node is going away) ends it quietly, status 0.
 
 CUDA is not initialised here: which devices a rank sees (``CUDA_VISIBLE_DEVICES``) and how
 it allocates are read when CUDA starts, and that must be the rank's environment. DeepSpeed
@@ -21,7 +25,8 @@ the agent starts a rank cold when its environment differs from the interpreter's
 of them (``nodeagent.warm_pool.import_time_difference``).
 
 Importing this module costs nothing heavy: :func:`preload` does the imports, and
-:func:`serve` takes any ``main``, which is how tests drive it without the trainer.
+:func:`serve` takes any ``main``, which is how tests drive it without the trainer. Until
+the hand-over, whatever is printed (DeepSpeed prints on import) goes to the pool's log.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -39,10 +45,11 @@ from typing import NoReturn
 
 import msgspec
 
-from proto.warm import READY, STARTED, WarmLaunch
+from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, READY, STARTED, WarmLaunch
 
 Main = Callable[[Sequence[str]], int]
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+ORPHAN_S = 60.0  # how long to wait for a restarted agent (systemd restarts it in seconds)
 
 
 def preload() -> Main:
@@ -83,35 +90,35 @@ def preload() -> Main:
     return worker.main
 
 
-def claim_stdout() -> int:
-    """Keep the agent's pipe on a private descriptor for READY and STARTED alone, and send
-    whatever else is printed to stdout (DeepSpeed prints on import) to stderr, the pool's
-    log. Not inherited by anything the rank starts."""
-    sys.stdout.flush()
-    channel = os.dup(1)  # non-inheritable
-    os.dup2(2, 1)
-    return channel
-
-
-def serve(main: Main, *, channel: int | None = None, started: float | None = None) -> NoReturn:
-    """Say READY, wait for the launch line, become the rank and run ``main``; never
-    returns. ``channel``: from :func:`claim_stdout` (claimed here if not yet)."""
-    if channel is None:
-        channel = claim_stdout()
-    os.write(channel, READY)
+def serve(main: Main, *, started: float | None = None) -> NoReturn:
+    """Serve agents on the inherited socket until one hands a launch, become that rank and
+    run ``main``; never returns."""
+    listener = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
+    listener.set_inheritable(False)  # nothing the rank starts may hold it
+    orphan_s = float(os.environ.get(ORPHAN_S_ENV) or ORPHAN_S)
     ready = time.monotonic()
-    line = sys.stdin.buffer.readline()
-    if not line.strip():
-        os._exit(0)  # the agent closed the pool: nothing to run
+    while True:
+        listener.settimeout(orphan_s)
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            os._exit(0)  # no agent came back for it: the node is going away
+        conn.settimeout(None)
+        line = _launch_line(conn)
+        if line is not None:
+            break
+        conn.close()  # the agent went away without a launch: wait for its successor
     try:
         launch = msgspec.json.decode(line, type=WarmLaunch)
         log_fd = _apply(launch)
     except (msgspec.DecodeError, msgspec.ValidationError, OSError) as exc:
         print(f"trainer.warm: cannot take the launch: {exc}", file=sys.stderr, flush=True)
         os._exit(1)  # no STARTED: the agent starts this rank cold instead
-    os.write(channel, STARTED)
+    listener.close()  # a restarted agent's connect is refused: this is a rank now
+    with contextlib.suppress(OSError):  # an agent gone since its launch: the rank runs on
+        conn.sendall(STARTED)
+    conn.close()  # the agent's end sees EOF: the hand-over is complete
     _redirect(log_fd)
-    os.close(channel)  # the agent's end sees EOF: the hand-over is complete
     imports = "" if started is None else f", imports took {ready - started:.2f} s"
     print(
         f"trainer.warm: pid {os.getpid()} runs this rank (warm{imports}, "
@@ -123,6 +130,17 @@ def serve(main: Main, *, channel: int | None = None, started: float | None = Non
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _launch_line(conn: socket.socket) -> bytes | None:
+    """READY to the agent, then its launch line; None when the connection ends first."""
+    try:
+        conn.sendall(READY)
+        with conn.makefile("rb") as stream:
+            line = stream.readline()
+    except OSError:
+        return None
+    return line if line.strip() else None
 
 
 def _apply(launch: WarmLaunch) -> int:
@@ -177,5 +195,4 @@ def _run(main: Main, argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     begun = time.monotonic()
-    words = claim_stdout()
-    serve(preload(), channel=words, started=begun)
+    serve(preload(), started=begun)

@@ -44,7 +44,7 @@ from proto.net_faults import NET_FAULTS
 from proto.node import NodeRecord
 from ringmaster import memory_store
 from ringmaster.procs import pid_alive, read_pid
-from ringmaster.rundir import LiveRank, live_ranks, sim_knobs
+from ringmaster.rundir import LiveRank, live_ranks, live_spares, sim_knobs
 
 
 async def inject(s: Session, node: str, text: str, home: Path) -> str:
@@ -83,7 +83,8 @@ def _local(fault: Fault, node: str, home: Path) -> str | None:
         case LoseNodeFault():
             # The machine dies: the agent and every rank in the same instant, no goodbye.
             agent, ranks = _agent_pid(node, home), live_ranks(run_dir)
-            for pid in (agent, *(r.pid for r in ranks)):
+            spares = [s.pid for s in live_spares(run_dir)]
+            for pid in (agent, *(r.pid for r in ranks), *spares):
                 _signal(pid, signal.SIGKILL, quiet=True)
             gone = memory_store.remove_node(memory_store.SHM, node)  # and its RAM
             said = f"lost {node}: killed its agent (pid {agent}) and {len(ranks)} rank(s)"

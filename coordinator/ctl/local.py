@@ -41,7 +41,7 @@ from ringmaster import memory_store
 from ringmaster.bus import connect
 from ringmaster.metrics import ANY_PORT
 from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
-from ringmaster.rundir import live_ranks
+from ringmaster.rundir import live_ranks, live_spares
 
 
 def metrics_flags(addr: str = "127.0.0.1") -> list[str]:
@@ -236,8 +236,9 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
     stopped: list[str] = []
     daemons = sorted(pids_dir(directory).glob("*.pid"), key=lambda p: _order(p.stem))
     # Coordinators and agents first: a coordinator still running would answer the ranks'
-    # exits with a restart, and agents would launch ranks nobody stops. Training ranks
-    # outlive agents by design, so they are stopped explicitly, then the rest.
+    # exits with a restart, and agents would launch ranks nobody stops. Training ranks and
+    # spare interpreters outlive agents by design, so they are stopped explicitly, then
+    # the rest.
     deciders = [p for p in daemons if _order(p.stem) <= 1]
     for pidfile in deciders:
         stopped += _stop_pidfile(pidfile, timeout)
@@ -245,6 +246,9 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
         for rank in live_ranks(run_dir):
             _kill_group(rank.pid, timeout)
             stopped.append(f"rank {rank.job}/rank-{rank.rank} ({rank.pid})")
+        for spare in live_spares(run_dir):  # an agent that died left its spares waiting
+            _kill_group(spare.pid, timeout)
+            stopped.append(f"spare interpreter ({spare.pid})")
         node = run_dir.parent.name  # and the RAM its jobs' memory tier holds there
         for job in sorted(p.name for p in (run_dir / "jobs").glob("*")):
             if memory_store.remove_job_node(memory_store.SHM, job, node):

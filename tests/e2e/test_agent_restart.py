@@ -1,7 +1,7 @@
 """An agent crashes under a training job and is started again as systemd would start it
 (``inject NODE restart-agent``): it adopts the ranks its predecessor started, so their
 exits still reach the coordinator — the job completes, and a rank killed afterwards is
-restarted like any other."""
+restarted like any other, warm, in a spare interpreter the dead agent had started."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from cli_harness import Ctl, eventually
 
-from coordinator.ctl.home import agent_process, pid_file
+from coordinator.ctl.home import agent_process, agent_run_dir, pid_file
 from proto.faults import PROCESS_FAULTS, RestartAgentFault, parse_fault
 from ringmaster.procs import pid_alive, read_pid
+from ringmaster.rundir import live_ranks, live_spares
 
 pytestmark = pytest.mark.slow
 
@@ -65,6 +66,13 @@ def test_a_rank_killed_after_an_agent_restart_is_restarted(ctl: Ctl, tmp_path: P
     ctl("up", "--nodes", "2")
     job = ctl.start("tiny.toml", "train.steps=100000", f"checkpoint.dir={tmp_path / 'ckpt'}")
     ctl.wait(job, lambda s: s["step"] >= 2)
+    run_dir = agent_run_dir(ctl.home, "node-1")
+    spares = eventually(
+        lambda: {s.pid for s in live_spares(run_dir)},
+        120,
+        lambda: "node-1 has no spare interpreter",
+        0.2,
+    )
     restart_agent(ctl, "node-1")
     assert ctl.status(job)["restarts"] == 0  # the agent's restart is not the job's
     killed = time.monotonic()
@@ -78,3 +86,5 @@ def test_a_rank_killed_after_an_agent_restart_is_restarted(ctl: Ctl, tmp_path: P
     said = [f"{e['kind']}: {e.get('message', '')}" for e in events]
     assert later["restarts"] == 1 and later["state"] == "running", said
     assert [e["kind"] for e in events].count("job.restarted") == 1, said
+    rank = {r.pid for r in live_ranks(run_dir) if r.job == job}
+    assert rank & spares, f"rank {rank} of node-1 is in none of its old spares {spares}"

@@ -13,15 +13,18 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
 from nodeagent import warm_pool
+from nodeagent.adoption import RankProcess
+from nodeagent.spare import import_time_difference
 from nodeagent.supervisor import Supervisor
-from nodeagent.warm_pool import WarmPool, import_time_difference
+from nodeagent.warm_pool import WarmPool
 from proto.commands import Launch, RankSpec
 from proto.events import EventBase, WorkerExited
 from proto.job import JobSection, JobSpec
@@ -70,7 +73,7 @@ def starts(tmp_path: Path) -> int:
 
 @pytest.fixture
 async def pool(tmp_path: Path, spare: list[str]) -> AsyncIterator[WarmPool]:
-    warm = WarmPool(0, tmp_path / "run" / "warm-pool.log", command=spare)
+    warm = WarmPool(0, tmp_path / "run", command=spare)
     try:
         yield warm
     finally:
@@ -87,6 +90,10 @@ async def until(pred: Callable[[], object], timeout: float = 20.0) -> None:
         raise AssertionError("condition not met in time") from None
 
 
+def take(pool: WarmPool, launch: WarmLaunch) -> Coroutine[Any, Any, RankProcess | None]:
+    return pool.take(launch, job="j", exit_record=Path(launch.cwd) / "rank-3.exit")
+
+
 def launch_line(tmp_path: Path, **env: str) -> WarmLaunch:
     return WarmLaunch(
         env={**os.environ, "RANK": "3", **env}, cwd=str(tmp_path), log=str(tmp_path / "r.log")
@@ -99,12 +106,12 @@ async def test_a_ready_spare_becomes_the_rank_and_is_replaced(
     pool.resize(1)
     await until(lambda: pool.ready() == 1)
     [spare] = pool.spares
-    proc = await pool.take(launch_line(tmp_path, CODE="5"))
-    assert proc is spare.proc
+    proc = await take(pool, launch_line(tmp_path, CODE="5"))
+    assert proc is spare.child
     assert await proc.wait() == 5
     assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
     await until(lambda: pool.ready() == 1)  # the replacement
-    assert pool.spares[0].proc.pid != proc.pid and starts(tmp_path) == 2
+    assert pool.spares[0].pid != proc.pid and starts(tmp_path) == 2
 
 
 async def test_a_spare_still_importing_is_handed_the_launch_at_once(
@@ -117,8 +124,8 @@ async def test_a_spare_still_importing_is_handed_the_launch_at_once(
     await until(lambda: pool.spares)
     [spare] = pool.spares
     assert not spare.ready
-    proc = await pool.take(launch_line(tmp_path, CODE="0"))
-    assert proc is spare.proc and not (tmp_path / "r.log").exists()  # not started yet
+    proc = await take(pool, launch_line(tmp_path, CODE="0"))
+    assert proc is spare.child and not (tmp_path / "r.log").exists()  # not started yet
     assert await proc.wait() == 0
     assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
     assert pool.import_s is not None and pool.import_s >= 1.5
@@ -145,14 +152,14 @@ async def test_a_spare_that_does_not_start_its_rank_in_time_is_killed(
     pool.resize(1)
     await until(lambda: pool.spares)
     assert pool.wait_bound() == 0.5
-    proc = await pool.take(launch_line(tmp_path))
+    proc = await take(pool, launch_line(tmp_path))
     assert proc is not None
     assert await asyncio.wait_for(proc.wait(), 10) == -signal.SIGKILL
     assert not (tmp_path / "r.log").exists()  # the rank never ran
 
 
 def test_the_bound_follows_the_imports_seen() -> None:
-    pool = WarmPool(1, Path("unused.log"))
+    pool = WarmPool(1, Path("unused"))
     assert pool.wait_bound() == warm_pool.FIRST_IMPORT_WAIT_S
     pool.import_s = 20.0
     assert pool.wait_bound() == 40.0
@@ -167,16 +174,18 @@ async def test_a_dead_spare_means_a_cold_start_and_a_replacement(
 ) -> None:
     pool.resize(1)
     await until(lambda: pool.ready() == 1)
-    dead = pool.spares[0].proc
+    dead = pool.spares[0].child
+    assert dead is not None
     os.kill(dead.pid, signal.SIGKILL)
-    assert await pool.take(launch_line(tmp_path)) is None  # the agent may not know yet
-    await until(lambda: pool.ready() == 1 and pool.spares[0].proc is not dead)
+    assert await take(pool, launch_line(tmp_path)) is None  # the agent may not know yet
+    await until(lambda: pool.ready() == 1 and pool.spares[0].child is not dead)
     # and once the agent has seen a ready spare die, the next launch replaces it too
-    dead = pool.spares[0].proc
+    dead = pool.spares[0].child
+    assert dead is not None
     os.kill(dead.pid, signal.SIGKILL)
     await dead.wait()
-    assert await pool.take(launch_line(tmp_path)) is None
-    await until(lambda: pool.ready() == 1 and pool.spares[0].proc is not dead)
+    assert await take(pool, launch_line(tmp_path)) is None
+    await until(lambda: pool.ready() == 1 and pool.spares[0].child is not dead)
 
 
 async def test_a_spare_that_cannot_start_is_not_restarted_in_a_loop(
@@ -187,7 +196,7 @@ async def test_a_spare_that_cannot_start_is_not_restarted_in_a_loop(
     await until(lambda: starts(tmp_path) == 1 and not pool.spares and not pool._starting)
     await asyncio.sleep(0.5)
     assert starts(tmp_path) == 1
-    assert await pool.take(launch_line(tmp_path)) is None  # cold; and one more try
+    assert await take(pool, launch_line(tmp_path)) is None  # cold; and one more try
     await until(lambda: starts(tmp_path) == 2 and not pool.spares and not pool._starting)
 
 
@@ -196,7 +205,7 @@ async def test_an_environment_read_at_import_time_means_a_cold_start(
 ) -> None:
     pool.resize(1)
     await until(lambda: pool.ready() == 1)
-    assert await pool.take(launch_line(tmp_path, LD_PRELOAD="/lib/x.so")) is None
+    assert await take(pool, launch_line(tmp_path, LD_PRELOAD="/lib/x.so")) is None
     assert pool.ready() == 1  # the spare stays for a rank it can serve
 
 
@@ -217,10 +226,10 @@ async def test_close_kills_spares_but_not_the_ranks_they_became(
 ) -> None:
     pool.resize(2)
     await until(lambda: pool.ready() == 2)
-    rank = await pool.take(launch_line(tmp_path, SLEEP="600"))
+    rank = await take(pool, launch_line(tmp_path, SLEEP="600"))
     assert rank is not None
     await until(lambda: pool.ready() == 2)
-    spares = [s.proc.pid for s in pool.spares]
+    spares = [s.pid for s in pool.spares]
     await pool.close()
     await until(lambda: not any(pid_alive(p) for p in spares), timeout=5)
     assert rank.returncode is None and pid_alive(rank.pid)
@@ -243,7 +252,7 @@ async def test_the_supervisor_runs_the_trainer_in_a_spare(tmp_path: Path, spare:
     try:
         sup.warm_ranks(1)
         await until(lambda: sup.warm.ready() == 1)
-        spare_pid = sup.warm.spares[0].proc.pid
+        spare_pid = sup.warm.spares[0].pid
         cmd = Launch(
             job="j1",
             attempt=2,
@@ -267,7 +276,7 @@ async def test_the_supervisor_runs_the_trainer_in_a_spare(tmp_path: Path, spare:
         entry = tmp_path / "entry.py"
         entry.write_text("import time; time.sleep(600)")
         [cold] = await sup.launch(Launch(**{**msgspec.structs.asdict(cmd), "argv": [str(entry)]}))
-        assert cold not in {s.proc.pid for s in sup.warm.spares} and sup.warm.ready() == 1
+        assert cold not in {s.pid for s in sup.warm.spares} and sup.warm.ready() == 1
         assert live_ranks(sup.run_dir) == [LiveRank("j1", 0, cold)]
     finally:
         for job_id in list(sup.runs):

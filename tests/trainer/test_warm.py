@@ -7,6 +7,7 @@ test runs the real worker through a warm interpreter for a short 1-rank job."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import msgspec
 import pytest
 
 from proto.job import JobSpec
-from proto.warm import READY, STARTED, WarmLaunch
+from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, READY, STARTED, WarmLaunch
 from trainer.checkpoint import default_staging_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,22 +49,43 @@ STAND_IN = textwrap.dedent(
 
 
 class Warm:
-    """A warm interpreter as the agent drives it: READY, a launch line, STARTED."""
+    """A warm interpreter as the agent drives it: a socket it inherits listening, then
+    READY, a launch line, STARTED on the agent's connection."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True
-        )
+    def __init__(self, argv: list[str], env: dict[str, str], path: Path) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(path))
+            listener.listen(1)
+            fd = listener.fileno()
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                env={**env, LISTEN_FD_ENV: str(fd)},
+                pass_fds=(fd,),
+                start_new_session=True,
+            )
+        self.path = path
+        self.connect()
+
+    def connect(self) -> None:
+        """As an agent does, its own or a successor's."""
+        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.conn.settimeout(60)
+        self.conn.connect(str(self.path))
+        self.words = self.conn.makefile("rb")
+
+    def leave(self) -> None:
+        """As an agent that dies does: its end of the connection closes."""
+        self.words.close()
+        self.conn.close()
 
     def ready(self) -> bytes:
-        assert self.proc.stdout is not None
-        return self.proc.stdout.readline()
+        return self.words.readline()
 
     def launch(self, launch: WarmLaunch) -> bytes:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(msgspec.json.encode(launch) + b"\n")
-        self.proc.stdin.close()
-        return self.proc.stdout.readline()
+        self.conn.sendall(msgspec.json.encode(launch) + b"\n")
+        return self.words.readline()
 
 
 @pytest.fixture
@@ -71,16 +93,17 @@ def warm(tmp_path: Path) -> Iterator[list[Warm]]:
     started: list[Warm] = []
     yield started
     for w in started:
+        w.leave()
         if w.proc.poll() is None:
             w.proc.kill()
         w.proc.wait()
 
 
-def stand_in(tmp_path: Path, warm: list[Warm]) -> Warm:
+def stand_in(tmp_path: Path, warm: list[Warm], **extra: str) -> Warm:
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "ONLY_IN_SPARE": "spare"}
-    warm.append(Warm([sys.executable, str(script)], env))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ONLY_IN_SPARE": "spare", **extra}
+    warm.append(Warm([sys.executable, str(script)], env, tmp_path / "spare.sock"))
     assert warm[-1].ready() == READY
     return warm[-1]
 
@@ -102,6 +125,7 @@ def test_a_launch_line_makes_it_the_rank(tmp_path: Path, warm: list[Warm]) -> No
     assert w.launch(launch) == STARTED
     assert w.proc.wait(30) == 7
     assert w.proc.stdout is not None and w.proc.stdout.read() == b""  # the log took fd 1
+    assert w.words.read() == b""  # and the connection is closed: it is a rank now
     text = log.read_text()
     assert text.startswith("earlier attempt\n")  # appended, like a rank started cold
     assert f"pid {w.proc.pid} runs this rank (warm" in text
@@ -129,11 +153,26 @@ def test_an_exception_leaves_as_the_interpreter_would(
     assert said in log.read_text()
 
 
-def test_stdin_closing_without_a_launch_ends_it_quietly(tmp_path: Path, warm: list[Warm]) -> None:
-    w = stand_in(tmp_path, warm)
-    assert w.proc.stdin is not None
-    w.proc.stdin.close()
+def test_an_agent_gone_without_a_launch_leaves_it_for_the_next_agent(
+    tmp_path: Path, warm: list[Warm]
+) -> None:
+    """A spare outlives an agent that dies: it answers the next agent's connection, and
+    with no agent for $RINGMASTER_SPARE_ORPHAN_S it ends quietly."""
+    w = stand_in(tmp_path, warm, **{ORPHAN_S_ENV: "1"})
+    w.leave()  # the agent died
+    w.connect()  # its successor
+    assert w.ready() == READY
+    w.leave()
     assert w.proc.wait(30) == 0
+
+
+def test_a_spare_that_became_a_rank_refuses_a_later_agent(tmp_path: Path, warm: list[Warm]) -> None:
+    w = stand_in(tmp_path, warm)
+    launch = WarmLaunch(env=rank_env(CODE="0"), cwd=str(tmp_path), log=str(tmp_path / "r.log"))
+    assert w.launch(launch) == STARTED
+    assert w.proc.wait(30) == 0
+    with pytest.raises(ConnectionRefusedError):
+        w.connect()
 
 
 def test_a_launch_it_cannot_take_is_refused_before_started(
@@ -150,9 +189,8 @@ def test_a_launch_it_cannot_take_is_refused_before_started(
 LATE_IMPORTS = textwrap.dedent(
     """
     import sys
-    from trainer.warm import claim_stdout, preload, serve
+    from trainer.warm import preload, serve
 
-    channel = claim_stdout()
     main = preload()
     before = set(sys.modules)
 
@@ -162,7 +200,7 @@ LATE_IMPORTS = textwrap.dedent(
         finally:
             print("late imports:", *sorted(set(sys.modules) - before), file=sys.stderr)
 
-    serve(run, channel=channel)
+    serve(run)
     """
 )
 # what took seconds of every warm restart when it was imported by the rank, not the spare
@@ -186,7 +224,7 @@ def test_the_real_worker_trains_in_a_warm_interpreter(
     script.write_text(LATE_IMPORTS)
     job = f"warm-{tmp_path.name}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    warm.append(Warm([sys.executable, str(script)], env))
+    warm.append(Warm([sys.executable, str(script)], env, tmp_path / "spare.sock"))
     w = warm[-1]
     assert w.ready() == READY
     rank = {

@@ -1,0 +1,128 @@
+"""A hang no node can pin on a rank of its own waits for the network's word before its
+verdict (coordinator.hang_verdict), and a job that makes no step while the network cuts
+one of its nodes off is restarted without it whatever was decided before
+(network_culprit.stalled_cut_off)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_job_recovery import launched
+from test_jobs import Cluster
+from test_policy_network import cannot_reach
+
+from coordinator import hang_verdict
+from coordinator.jobs import JobManager
+from proto.conditions import Severity, condition_key
+from proto.events import WorkerHung
+from proto.job import JobRecord, JobState
+
+pytestmark = pytest.mark.anyio
+
+
+def waiting(job: JobRecord, node: str = "node-0") -> WorkerHung:
+    return WorkerHung(
+        node=node,
+        job=job.id,
+        rank=job.nodes.index(node),
+        attempt=job.attempt,
+        step=5,
+        severity=Severity.CRITICAL,
+        evidence="culprit unknown: every stalled rank on this node waits in a collective",
+        culprit_unknown=True,
+    )
+
+
+def probing(c: Cluster, confirm_s: float = 5.0) -> None:
+    for node in c.registry.nodes.values():
+        node.probe_confirm_s = confirm_s
+
+
+def cut_off(c: Cluster, node: str, job: JobRecord) -> None:
+    """Every other node of the job says it cannot reach ``node``."""
+    for reporter in job.nodes:
+        if reporter != node:
+            cond = cannot_reach(reporter, node)
+            c.registry.nodes[reporter].conditions[condition_key(cond)] = cond
+
+
+async def three_nodes(c: Cluster, m: JobManager) -> JobRecord:
+    job = await launched(c, m, nodes=3)
+    assert job.nodes == ["node-0", "node-1", "node-2"]
+    return job
+
+
+async def test_a_hang_without_a_culprit_waits_for_the_probes_and_leaves_out_the_cut_off_node() -> (
+    None
+):
+    c = Cluster(nodes=4)
+    m = c.leader()
+    job = await three_nodes(c, m)
+    probing(c)
+    await m.on_event(waiting(job))
+    assert job.state is JobState.RUNNING and job.restarts == 0  # the verdict waits
+    await m.tick()
+    assert job.state is JobState.RUNNING
+    cut_off(c, "node-2", job)  # the peers' probes confirm the partition
+    await m.tick()
+    assert job.state is JobState.RECOVERING and job.restarts == 1
+    assert list(job.excluded) == ["node-2"]
+    assert "node-2: unreachable from node-0" in job.reason
+
+
+async def test_without_the_networks_word_the_wait_ends_in_a_plain_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hang_verdict, "SLACK_S", -10.0)  # the wait is over at once
+    c = Cluster(nodes=4)
+    m = c.leader()
+    job = await three_nodes(c, m)
+    probing(c)
+    await m.on_event(waiting(job))
+    await m.tick()
+    assert job.state is JobState.RECOVERING and job.restarts == 1
+    assert not job.excluded  # no node blamed without evidence
+
+
+async def test_with_the_networks_word_in_or_no_probes_a_hang_is_decided_at_once() -> None:
+    c = Cluster(nodes=4)
+    m = c.leader()
+    job = await three_nodes(c, m)
+    probing(c)
+    cut_off(c, "node-2", job)
+    await m.on_event(waiting(job))
+    assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-2"]
+    c2 = Cluster(nodes=4)
+    m2 = c2.leader()
+    plain = await three_nodes(c2, m2)  # agents that probe no peer (probe_confirm_s 0)
+    await m2.on_event(waiting(plain))
+    assert plain.state is JobState.RECOVERING and not plain.excluded
+
+
+async def test_a_start_stuck_with_a_cut_off_node_is_restarted_without_it() -> None:
+    """Level-triggered: the restart before the network's word kept node-2, and the next
+    attempt waits on a rendezvous node-2 cannot reach."""
+    c = Cluster(nodes=4)
+    m = c.leader()
+    job = await three_nodes(c, m)
+    job.state = JobState.STARTING  # the attempt started, no step yet
+    job.attempt_started_at = time.time()
+    cut_off(c, "node-2", job)
+    await m.tick()
+    assert job.state is JobState.STARTING  # not stalled for the threshold yet
+    job.attempt_started_at = job.last_step_at = time.time() - 60
+    await m.tick()
+    assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-2"]
+    assert "no step for 60 s with a node cut off from its peers" in job.reason
+
+
+async def test_a_job_that_steps_is_left_alone_whatever_the_probes_say() -> None:
+    c = Cluster(nodes=4)
+    m = c.leader()
+    job = await three_nodes(c, m)
+    cut_off(c, "node-2", job)
+    job.attempt_started_at = time.time() - 60
+    job.last_step_at = time.time()
+    await m.tick()
+    assert job.state is JobState.RUNNING and job.restarts == 0
