@@ -41,7 +41,7 @@ from ringmaster import memory_store
 from ringmaster.bus import connect
 from ringmaster.metrics import ANY_PORT
 from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
-from ringmaster.rundir import live_ranks, live_spares
+from ringmaster.rundir import live_ranks, live_spares, spare_dir
 
 
 def metrics_flags(addr: str = "127.0.0.1") -> list[str]:
@@ -249,6 +249,7 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
         for spare in live_spares(run_dir):  # an agent that died left its spares waiting
             _kill_group(spare.pid, timeout)
             stopped.append(f"spare interpreter ({spare.pid})")
+        shutil.rmtree(spare_dir(run_dir), ignore_errors=True)  # their sockets
         node = run_dir.parent.name  # and the RAM its jobs' memory tier holds there
         for job in sorted(p.name for p in (run_dir / "jobs").glob("*")):
             if memory_store.remove_job_node(memory_store.SHM, job, node):

@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from supervisor_waits import until
 
 from nodeagent import adoption
 from nodeagent.adoption import AdoptedRank
@@ -27,7 +28,7 @@ from proto.job import JobSection, JobSpec
 from proto.node import RANK_MEMORY_S, RankReport
 from proto.progress import Progress, StepDone
 from ringmaster import rankbeat
-from ringmaster.procs import pid_alive, start_time, wait_until_async
+from ringmaster.procs import pid_alive, start_time
 from ringmaster.rundir import JobDir, write_exit
 
 pytestmark = pytest.mark.anyio
@@ -83,16 +84,6 @@ class Sink:
 
     def exits(self) -> dict[int, WorkerExited]:
         return {e.rank: e for e in self.events if isinstance(e, WorkerExited)}
-
-
-async def until(pred: Callable[[], object], timeout: float = 20.0) -> None:
-    async def holds() -> bool:
-        return bool(pred())
-
-    try:
-        await wait_until_async(holds, timeout, interval=0.02)
-    except TimeoutError:
-        raise AssertionError("condition not met in time") from None
 
 
 def launch_cmd(tmp_path: Path, attempt: int, ranks: int = 2) -> Launch:

@@ -1,7 +1,7 @@
 """``coordinatorctl down`` on a local cluster stops the coordinators and agents first (so
-nobody restarts or launches ranks meanwhile), then the training ranks it finds through the
-agents' run directories (ranks outlive their agent), then the rest, and leaves no PID file
-of its own behind."""
+nobody restarts or launches ranks meanwhile), then the training ranks and spare
+interpreters it finds through the agents' run directories (both outlive their agent), then
+the rest, and leaves no PID file of its own behind."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 from coordinator.ctl.home import agent_run_dir, pid_file, pids_dir
 from coordinator.ctl.local import down
-from ringmaster.procs import pid_alive
-from ringmaster.rundir import JOB_ENV, JobDir
+from ringmaster.procs import pid_alive, start_time
+from ringmaster.rundir import JOB_ENV, JobDir, spare_dir, spare_socket
 
 
 @pytest.fixture
@@ -44,6 +44,12 @@ def test_down_stops_deciders_then_ranks_then_the_rest(
     job = JobDir(agent_run_dir(tmp_path, "node-1"), "j1")
     job.path.mkdir(parents=True)
     job.rank_pid(1).write_text(str(rank))
+    spare = detached(procs)  # left waiting by an agent that died
+    spares = spare_dir(agent_run_dir(tmp_path, "node-1"))
+    spares.mkdir(parents=True)
+    started = start_time(spare)
+    assert started is not None
+    spare_socket(spares, spare, started, "0123456789ab").write_bytes(b"")
     agent, coordinator, sim = detached(procs), detached(procs), detached(procs)
     pids_dir(tmp_path).mkdir()
     pid_file(tmp_path, "nodeagent-node-1").write_text(str(agent))
@@ -57,7 +63,9 @@ def test_down_stops_deciders_then_ranks_then_the_rest(
         f"coordinator-0 ({coordinator})",
         f"nodeagent-node-1 ({agent})",
         f"rank j1/rank-1 ({rank})",
+        f"spare interpreter ({spare})",
         f"simulator ({sim})",
     ]
-    assert not any(pid_alive(p) for p in (rank, agent, coordinator, sim))
+    assert not any(pid_alive(p) for p in (rank, spare, agent, coordinator, sim))
+    assert not spares.exists()
     assert not list(pids_dir(tmp_path).iterdir())

@@ -7,6 +7,7 @@ the rank marker of that very job)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +16,17 @@ from pathlib import Path
 import pytest
 
 from ringmaster.procs import pid_alive, start_time
-from ringmaster.rundir import JOB_ENV, JobDir, LiveRank, is_rank, live_ranks
+from ringmaster.rundir import (
+    JOB_ENV,
+    JobDir,
+    LiveRank,
+    is_rank,
+    live_ranks,
+    live_spares,
+    recorded_spares,
+    spare_dir,
+    spare_socket,
+)
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 Spawn = Callable[..., "subprocess.Popen[bytes]"]
@@ -84,6 +95,30 @@ def test_long_job_directories_get_a_short_control_socket(tmp_path: Path) -> None
     deep = tmp_path / ("x" * 120)
     path = JobDir(deep, "j1").control_socket
     assert len(os.fsencode(path)) < 100 and path != JobDir(deep, "j2").control_socket
+
+
+def test_spare_sockets_fit_and_name_their_process(tmp_path: Path, spawn: Spawn) -> None:
+    assert spare_dir(Path("/var/lib/ringmaster")) == Path("/var/lib/ringmaster/spares")
+    deep = tmp_path / ("x" * 120)
+    longest = spare_socket(spare_dir(deep), 4194304, 2**64 - 1, "0123456789ab")
+    assert len(os.fsencode(longest)) < 100 and spare_dir(deep) != spare_dir(deep / "y")
+    directory = spare_dir(tmp_path)  # in the temp dir: pytest's own paths are long
+    directory.mkdir()
+    try:
+        live, gone = spawn(), spawn()
+        for proc in (live, gone):
+            started = start_time(proc.pid)
+            assert started is not None
+            spare_socket(directory, proc.pid, started, "0123456789ab").touch()
+        (directory / "new-0a1b.sock").touch()  # its agent died before naming it
+        gone.kill()
+        gone.wait()
+        recorded, unnamed = recorded_spares(tmp_path)
+        assert sorted(s.pid for s in recorded) == sorted([live.pid, gone.pid])
+        assert [p.name for p in unnamed] == ["new-0a1b.sock"]
+        assert [s.pid for s in live_spares(tmp_path)] == [live.pid]
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_a_pid_file_with_a_start_time_names_one_process(tmp_path: Path, spawn: Spawn) -> None:

@@ -10,14 +10,15 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from supervisor_waits import until
 
 from nodeagent.warm_pool import WarmPool
 from proto.warm import WarmLaunch
-from ringmaster.procs import pid_alive, wait_until_async
+from ringmaster.procs import pid_alive
 from ringmaster.rundir import live_spares, recorded_spares
 
 pytestmark = pytest.mark.anyio
@@ -111,16 +112,6 @@ def agent_dies(tmp_path: Path, command: list[str], orphan_s: float | None = None
         agent.wait()
     assert said, "the agent's spare never became ready"
     return int(said.split()[1])
-
-
-async def until(pred: Callable[[], object], timeout: float = 20.0) -> None:
-    async def holds() -> bool:
-        return bool(pred())
-
-    try:
-        await wait_until_async(holds, timeout, interval=0.02)
-    except TimeoutError:
-        raise AssertionError("condition not met in time") from None
 
 
 def launch_line(tmp_path: Path, **env: str) -> WarmLaunch:

@@ -4,17 +4,18 @@ exit reports, and stops that leave no process of the rank's group behind."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from supervisor_waits import until
 
 from nodeagent.supervisor import Supervisor, SupervisorError
 from proto.commands import Launch, RankSpec
 from proto.events import EventBase, WorkerExited
 from proto.job import JobSection, JobSpec
 from proto.progress import Progress, StepDone
-from ringmaster.procs import pid_alive, read_pid, wait_until_async
+from ringmaster.procs import pid_alive, read_pid
 from ringmaster.rundir import JobDir, LiveRank, compile_cache, live_ranks
 
 pytestmark = pytest.mark.anyio
@@ -56,16 +57,6 @@ def launch_cmd(tmp_path: Path, ranks: int = 2) -> Launch:
         env={"CHILD_PID_FILE": str(tmp_path / "child-")},
         workdir=str(tmp_path),
     )
-
-
-async def until(pred: Callable[[], bool], timeout: float = 20.0) -> None:
-    async def holds() -> bool:
-        return pred()
-
-    try:
-        await wait_until_async(holds, timeout, interval=0.02)
-    except TimeoutError:
-        raise AssertionError("condition not met in time") from None
 
 
 class Sink:

@@ -13,12 +13,13 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from supervisor_waits import until
 
 from nodeagent import warm_pool
 from nodeagent.adoption import RankProcess
@@ -30,7 +31,7 @@ from proto.events import EventBase, WorkerExited
 from proto.job import JobSection, JobSpec
 from proto.progress import Progress
 from proto.warm import WarmLaunch
-from ringmaster.procs import pid_alive, start_time, wait_until_async
+from ringmaster.procs import pid_alive, start_time
 from ringmaster.rundir import JobDir, LiveRank, live_ranks
 
 pytestmark = pytest.mark.anyio
@@ -78,16 +79,6 @@ async def pool(tmp_path: Path, spare: list[str]) -> AsyncIterator[WarmPool]:
         yield warm
     finally:
         await warm.close()
-
-
-async def until(pred: Callable[[], object], timeout: float = 20.0) -> None:
-    async def holds() -> bool:
-        return bool(pred())
-
-    try:
-        await wait_until_async(holds, timeout, interval=0.02)
-    except TimeoutError:
-        raise AssertionError("condition not met in time") from None
 
 
 def take(pool: WarmPool, launch: WarmLaunch) -> Coroutine[Any, Any, RankProcess | None]:
