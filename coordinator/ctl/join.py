@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -96,8 +97,6 @@ def _cluster(directory: Path, node: str) -> LocalCluster:
     local = running(directory)
     if local is None:
         raise CtlError(f"no local cluster running in {directory} (start one with up)")
-    if ns.read(directory) is not None:
-        raise CtlError("join: the nodes of up --netns have networks this host is not on", code=2)
     try:
         subjects.check_token(node, "node id")
     except ValueError as exc:
@@ -112,10 +111,19 @@ def _cluster(directory: Path, node: str) -> LocalCluster:
 
 def _settings(directory: Path, node: str) -> Path:
     path = nodes_root(directory) / node / FILE
+    net = ns.read(directory)
+    data_addr = ns.host_on_data(net) if net is not None else ""
     if not path.exists():
+        settings: dict[str, Any] = dict(SETTINGS)
+        if net is not None:
+            # up --netns: this host's own stack is the node, on both bridges; the ranks
+            # cross the data bridge, the coordinators scrape over the control one
+            settings["metrics_addr"] = net.host_addr
+            settings["advertise_addr"] = data_addr
+            settings["network"] = {"data_interface": net.data_bridge}
         path.parent.mkdir(parents=True, exist_ok=True)
         head = "# written by `coordinatorctl join` for a real node; join keeps your edits\n"
-        path.write_text(head + to_toml(SETTINGS))
+        path.write_text(head + to_toml(settings))
     return path
 
 

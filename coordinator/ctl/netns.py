@@ -2,8 +2,10 @@
 
 Each node gets a network namespace with two veth interfaces, ``ctl0`` on a control
 bridge (NATS, the coordinators) and ``data0`` on a data bridge (the ranks' collectives);
-the coordinators share one more namespace on the control bridge. The host has one
-address, on the control bridge, where NATS and the simulator's metadata services listen.
+the coordinators share one more namespace on the control bridge. The host has an
+address on the control bridge, where NATS and the simulator's metadata services listen,
+and one on the data bridge once a real node joins (``coordinatorctl join``: the host's
+own network stack is that node's).
 Nothing routes further: no default route in a namespace, no forwarding, no NAT, so the
 networks reach nothing but each other.
 
@@ -160,6 +162,16 @@ def remove(directory: Path) -> list[str]:
         if name.startswith(p) and quietly("ip", "link", "del", name):
             removed.append(f"removed link {name}")
     return removed
+
+
+def host_on_data(net: Netns) -> str:
+    """Give this host an address on the data bridge (the first of the data network, as
+    it has on the control bridge), for a real node joining the cluster (``join``);
+    idempotent. The address goes with the bridge at ``down``."""
+    data = ipaddress.ip_network(net.data_net)
+    addr = str(data[1])
+    ip("addr", "replace", f"{addr}/{data.prefixlen}", "dev", net.data_bridge)
+    return addr
 
 
 def wrapper(net: Netns | None, member: str) -> list[str]:

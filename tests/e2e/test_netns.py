@@ -1,7 +1,8 @@
 """``up --netns``: every node its own host, on a control and a data network. A job trains
 over the data network (MASTER_ADDR the master's data address, the ranks' sockets on
 ``data0``); a node's data link going down opens its ``net.link`` condition, the node is
-drained and the job goes on elsewhere; ``down`` leaves no namespace, veth or bridge."""
+drained and the job goes on elsewhere; a real node (this host) joins and trains beside a
+namespaced one; ``down`` leaves no namespace, veth or bridge."""
 
 from __future__ import annotations
 
@@ -140,6 +141,33 @@ def test_a_node_cut_off_from_its_peers_is_left_out_and_its_peers_are_not(
     assert "node-2: unreachable from node-0" in recovering["reason"], recovering
     assert "node-1 (cannot reach node-2" in recovering["reason"], recovering
     ctl("inject", "node-2", "clear")
+
+
+@pytest.mark.timeout(300)
+def test_a_real_node_joins_a_namespaced_cluster_and_trains_beside_a_simulated_one(
+    ctl: Ctl, tmp_path: Path
+) -> None:
+    """This machine's own network stack as a node of an ``up --netns`` cluster: join gives
+    the host an address on the data bridge, the agent advertises it and binds the ranks'
+    collectives to the bridge, and a 2-node job trains across it to its end."""
+    ctl("up", "--netns", "--nodes", "1")
+    net = ns.read(ctl.home)
+    assert net is not None
+    joined = ctl.run("join", "real-0")
+    assert joined.returncode == 0 and "real-0 joined" in joined.stderr, joined.stderr
+    host_data = str(ipaddress.ip_network(net.data_net)[1])
+    nodes = {n["id"]: n for n in ctl.status()["nodes"]}
+    assert nodes["real-0"]["addr"] == host_data and not nodes["real-0"]["simulated"], nodes
+    job = ctl.start("tiny.toml", "train.steps=30", f"checkpoint.dir={tmp_path / 'ckpt'}")
+    final = ctl.wait(job, lambda s: s["state"] == "completed", timeout=200)
+    assert sorted(final["nodes"]) == ["node-0", "real-0"] and final["restarts"] == 0, final
+    [started] = [e for e in ctl.events("--job", job) if e["kind"] == "job.started"]
+    data_addrs = {host_data, net.nodes["node-0"].data_addr}
+    assert started["master_addr"] in data_addrs, started
+    exits = {e["node"]: e for e in ctl.events("--job", job, "--kind", "worker.exited")}
+    assert exits["real-0"]["exit_code"] == 0, exits
+    ctl("down")
+    assert leftovers(ctl.home) == [], "down left namespaces or links behind"
 
 
 def test_down_sweeps_what_a_crashed_up_made_even_without_its_record(tmp_path: Path) -> None:

@@ -8,19 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_harness import EVERY_UP_NAMESPACED, Ctl
+from cli_harness import Ctl
 
 from coordinator.ctl.home import agent_process, agent_run_dir, pid_file
 from ringmaster.procs import pid_alive, read_pid
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        EVERY_UP_NAMESPACED,
-        reason="join adds this host to a loopback cluster only: the host has no address on "
-        "a namespaced cluster's data network",
-    ),
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(240)
