@@ -9,49 +9,66 @@ restart with the cut-off node in it, and the next attempt would wait on a rendez
 node cannot reach. So the verdict waits until the job's nodes' probes can have spoken, or
 until the network names a suspect, and is then given with the evidence there is. A hang
 with a culprit (a stopped process, a silent beat) is never held.
+
+The held hang is part of the job's record (``JobRecord.held_hang``, wall time), so a
+leader taking over gives the verdict its predecessor was waiting to give.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from proto.conditions import Severity
 from proto.events import WorkerHung
-from proto.job import JobRecord
+from proto.job import HeldHang, JobRecord, JobState
 
 SLACK_S = 1.0  # a heartbeat's interval, for the condition to reach the coordinator
+WAITING = frozenset({JobState.RUNNING, JobState.PAUSED, JobState.CHECKPOINTING})
 
 
-class HeldHangs:
-    """One held hang per (job, attempt), with when its wait ends. In memory: a new leader
-    decides the attempt's next hang report (the agents report a hang again while it lasts)
-    or the network stall (``network_culprit.stalled_cut_off``) instead."""
+def hold(job: JobRecord, event: WorkerHung, until: float) -> bool:
+    """Hold ``event`` until ``until``; False when a hang of this attempt is held already
+    (this one would have the same verdict)."""
+    if job.held_hang is not None and job.held_hang.attempt == job.attempt:
+        return False
+    job.held_hang = HeldHang(
+        node=event.node or "",
+        rank=event.rank,
+        attempt=event.attempt,
+        step=event.step,
+        evidence=event.evidence,
+        until=until,
+    )
+    return True
 
-    def __init__(self) -> None:
-        self._held: dict[tuple[str, int], tuple[WorkerHung, float]] = {}
 
-    def hold(self, job: JobRecord, event: WorkerHung, until: float) -> bool:
-        """Hold ``event``; False when a hang of this attempt is held already (this one
-        would have the same verdict)."""
-        key = (job.id, job.attempt)
-        if key in self._held:
-            return False
-        self._held[key] = (event, until)
-        return True
+def ready(
+    jobs: Mapping[str, JobRecord], now: float, evidence: Callable[[JobRecord], bool]
+) -> list[tuple[JobRecord, WorkerHung]]:
+    """The held hangs whose verdict is due: the network's ``evidence`` is in, or the wait
+    is over. A hang of an attempt that has moved on is dropped: its fate is decided."""
+    out = []
+    for job in jobs.values():
+        held = job.held_hang
+        if held is None:
+            continue
+        if held.attempt != job.attempt or job.state not in WAITING:
+            job.held_hang = None
+        elif now >= held.until or evidence(job):
+            job.held_hang = None
+            out.append((job, _event(job, held)))
+    return out
 
-    def holding(self, job: JobRecord) -> bool:
-        return (job.id, job.attempt) in self._held
 
-    def ready(
-        self, jobs: Mapping[str, JobRecord], now: float, evidence: Callable[[JobRecord], bool]
-    ) -> list[tuple[JobRecord, WorkerHung]]:
-        """The verdicts to give now: with the network's ``evidence`` in, or waited for long
-        enough. A hang of an attempt that has ended is dropped: its fate is decided."""
-        out = []
-        for key, (event, until) in list(self._held.items()):
-            job = jobs.get(key[0])
-            if job is None or job.attempt != key[1] or job.state.terminal:
-                del self._held[key]
-            elif now >= until or evidence(job):
-                del self._held[key]
-                out.append((job, event))
-        return out
+def _event(job: JobRecord, held: HeldHang) -> WorkerHung:
+    return WorkerHung(
+        node=held.node,
+        job=job.id,
+        rank=held.rank,
+        attempt=held.attempt,
+        step=held.step,
+        severity=Severity.CRITICAL,
+        evidence=held.evidence,
+        culprit_unknown=True,
+        message=f"rank {held.rank} on {held.node} waits in a collective ({held.evidence})",
+    )

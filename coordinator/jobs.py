@@ -26,7 +26,6 @@ from coordinator import exclusion, hang_verdict, job_machine, policy
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
 from coordinator.goodput import account, charge_detection
-from coordinator.hang_verdict import HeldHangs
 from coordinator.job_machine import Effect, Input
 from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
@@ -87,7 +86,6 @@ class JobManager(ProgressInputs):
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}
         self._awaited = AwaitedVerdicts()
-        self._held = HeldHangs()  # hangs without a culprit, waiting for the network's word
 
     # -- persistence ------------------------------------------------------------------
 
@@ -271,8 +269,9 @@ class JobManager(ProgressInputs):
         wait = max((n.probe_confirm_s for n in nodes if n is not None), default=0.0)
         if wait <= 0:
             return False
-        if self._held.hold(job, event, time.monotonic() + wait + hang_verdict.SLACK_S):
+        if hang_verdict.hold(job, event, time.time() + wait + hang_verdict.SLACK_S):
             log.info("hang without a culprit; its verdict waits for the network", job=job.id)
+            self._dirty.add(job.id)
         return True
 
     def _network_evidence(self, job: JobRecord) -> bool:
@@ -482,7 +481,7 @@ class JobManager(ProgressInputs):
             node = self.registry.nodes.get(lost.node or "")
             if node is not None and node.state is NodeState.LOST:  # not beating again since
                 await self._decide(job, lost)
-        for job, hung in self._held.ready(self.jobs, time.monotonic(), self._network_evidence):
+        for job, hung in hang_verdict.ready(self.jobs, now, self._network_evidence):
             await self._decide(job, hung)
         for job in list(self.jobs.values()):
             if job.state.terminal:

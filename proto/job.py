@@ -232,6 +232,18 @@ class Exclusion(msgspec.Struct, kw_only=True):
     agent_started_at: float = 0.0
 
 
+class HeldHang(msgspec.Struct, kw_only=True):
+    """A ``worker.hung`` without a culprit whose verdict waits, kept with the job so a new
+    leader gives it: who reported it, in which attempt, and until when (wall time)."""
+
+    node: str
+    rank: int
+    attempt: int
+    step: int = 0
+    evidence: str = ""
+    until: float = 0.0
+
+
 class JobRecord(msgspec.Struct, kw_only=True):
     """What the coordinator keeps for a job in KV; ``status JOB --json`` prints it."""
 
@@ -288,6 +300,8 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stop_graceful: bool = False  # that stop lets the ranks checkpoint at a boundary first
     # hangs found per node (worker.hung): a node whose ranks hang twice is left out
     hangs: dict[str, int] = msgspec.field(default_factory=dict)
+    # a hang no node could pin, waiting for the network's word (coordinator.hang_verdict)
+    held_hang: HeldHang | None = None
     # since when the job has waited for enough healthy nodes (policy.wait_for_nodes_s)
     waiting_since: float | None = None
     exited_ranks: dict[str, int] = msgspec.field(default_factory=dict)

@@ -71,6 +71,23 @@ async def test_a_hang_without_a_culprit_waits_for_the_probes_and_leaves_out_the_
     assert "node-2: unreachable from node-0" in job.reason
 
 
+async def test_a_new_leader_gives_the_verdict_its_predecessor_held() -> None:
+    c = Cluster(nodes=4)
+    old = c.leader()
+    job = await three_nodes(c, old)
+    probing(c)
+    await old.on_event(waiting(job))
+    await old.flush()
+    assert (await c.stored(job.id)).held_hang is not None
+    new = c.leader("c-1", epoch=2)  # the old leader dies before the probes confirm
+    await new.load()
+    cut_off(c, "node-2", job)
+    await new.tick()
+    moved = new.jobs[job.id]
+    assert moved.state is JobState.RECOVERING and list(moved.excluded) == ["node-2"]
+    assert moved.held_hang is None
+
+
 async def test_without_the_networks_word_the_wait_ends_in_a_plain_restart(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
