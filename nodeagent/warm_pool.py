@@ -291,8 +291,10 @@ class WarmPool:
             word = await spare.reader.readline()
         if word == READY:
             spare.ready = True
-            self.import_s = time.monotonic() - spare.born
-            log.info("warm interpreter ready", pid=spare.pid, import_s=round(self.import_s, 2))
+            waited = time.monotonic() - spare.born
+            if spare.child is not None:  # an adopted one began importing before this agent
+                self.import_s = waited
+            log.info("warm interpreter ready", pid=spare.pid, import_s=round(waited, 2))
             await self._top_up()
             return
         if spare not in self.spares:
