@@ -173,10 +173,10 @@ class HangWatch:
     ) -> tuple[Verdict, str]:
         """The verdict and, for a culprit or a stalled rank, its stacks: captured once per
         stall, so that a victim is not signalled again and again while it waits."""
-        log_path = jobdir.rank_log(key[1])
+        log_path, fifo = jobdir.rank_log(key[1]), jobdir.rank_stacks(key[1])
         verdict = judge(beat, proc, now, thresholds)
         if verdict.kind == Kind.CULPRIT:
-            return verdict, await self._stacks(proc, log_path, beat)
+            return verdict, await self._stacks(proc, log_path, fifo, beat)
         if verdict.kind != Kind.STALLED or beat is None:
             self._episodes.pop(key, None)
             return verdict, ""
@@ -185,7 +185,7 @@ class HangWatch:
         if cached is not None and cached[0] == episode:
             _, first, stacks = cached
             return replace(first, stalled_s=verdict.stalled_s), stacks
-        dump = await capture_stacks(proc.pid, log_path, stopped=False)
+        dump = await capture_stacks(proc.pid, log_path, fifo, stopped=False)
         verdict = judge(beat, proc, now, thresholds, dump)
         stacks = main_first(dump, beat.main_thread, STACKS_CAP)
         self._episodes[key] = (episode, verdict, stacks)
@@ -199,16 +199,16 @@ class HangWatch:
             )
         return verdict, stacks
 
-    async def _stacks(self, proc: Proc, log_path: Path, beat: RankBeat | None) -> str:
+    async def _stacks(self, proc: Proc, log_path: Path, fifo: Path, beat: RankBeat | None) -> str:
         """The culprit's stacks, the main thread's first. A stopped rank is continued for
-        its dump, and its other threads run meanwhile: a thread whose wait ran out while
-        it was stopped unwinds as faulthandler walks its frames, and such a dump has been
-        seen to end there, without the main thread. That dump is asked for again (the
-        thread is back in its wait by then), up to ``STACK_TRIES`` times."""
+        its dump, and its other threads run meanwhile; a faulthandler dump (the fallback,
+        taken without the GIL) has been seen to end at a thread that unwound as it walked
+        its frames, without the main thread. Such a dump is asked for again (the thread is
+        back in its wait by then), up to ``STACK_TRIES`` times."""
         main = beat.main_thread if beat is not None else 0
         dump = ""
         for _ in range(STACK_TRIES):
-            dump = await capture_stacks(proc.pid, log_path, stopped=proc.stopped)
+            dump = await capture_stacks(proc.pid, log_path, fifo, stopped=proc.stopped)
             if not dump or not main or main in threads_in(dump):
                 break
             log.info("stacks without the main thread; asking again", pid=proc.pid)

@@ -2,12 +2,14 @@
 group (``/proc/<pid>/stat``), whether it catches a signal (``SigCgt``), and its Python
 stacks.
 
-Stacks come from the rank's own ``faulthandler`` (SIGUSR1, registered by the trainer),
-which writes them to stderr, that is to the rank's log: the probe notes the log's size,
-signals, and takes what was appended. SIGUSR1 is sent only to a process that catches it,
-since its default action would kill the rank. A stopped process runs no handler: it is
-continued for the dump and stopped again as soon as the dump is written (tens of
-milliseconds), so that the fault stays what it was.
+Stacks are asked of the rank's stacks thread first (:mod:`trainer.stacks`: a byte on the
+FIFO beside its beat; it writes them to stderr, that is to the rank's log, holding the
+GIL), and of its ``faulthandler`` (SIGUSR1, registered by the trainer) only when that
+thread does not answer, as in a rank wedged in C code holding the GIL. The probe notes the
+log's size, asks, and takes what was appended. SIGUSR1 is sent only to a process that
+catches it, since its default action would kill the rank. A stopped process runs no
+thread: it is continued for the dump and stopped again as soon as the dump is written
+(tens of milliseconds), so that the fault stays what it was.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 STACKS_WAIT_S = 1.0
+THREAD_WAIT_S = 0.5  # the stacks thread's answer, before falling back to SIGUSR1
 _SETTLE_S = 0.01  # the dump is complete once the log stops growing this long
 _POLL_S = 0.002
 _READ_MAX = 256 * 1024
@@ -50,24 +53,18 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
-async def capture_stacks(pid: int, log_path: Path, *, stopped: bool) -> str:
-    """The faulthandler dump ``pid`` appends to ``log_path`` on SIGUSR1 ("" if none)."""
-    if not catches(pid, signal.SIGUSR1):
-        return ""
+async def capture_stacks(pid: int, log_path: Path, fifo: Path, *, stopped: bool) -> str:
+    """The dump ``pid`` appends to ``log_path`` when asked through ``fifo``, else on
+    SIGUSR1 ("" if none)."""
     start = _size(log_path)
     try:
-        os.kill(pid, signal.SIGUSR1)
         if stopped:
             os.kill(pid, signal.SIGCONT)
-        deadline = time.monotonic() + STACKS_WAIT_S
-        size, since = start, time.monotonic()
-        while time.monotonic() < deadline:
-            await asyncio.sleep(_POLL_S)
-            now_size = _size(log_path)
-            if now_size != size:
-                size, since = now_size, time.monotonic()
-            elif size > start and time.monotonic() - since >= _SETTLE_S:
-                break
+        if not (_request(fifo) and await _appended(log_path, start, THREAD_WAIT_S)):
+            if not catches(pid, signal.SIGUSR1):
+                return ""
+            os.kill(pid, signal.SIGUSR1)
+            await _appended(log_path, start, STACKS_WAIT_S)
     except ProcessLookupError:
         return ""
     finally:
@@ -78,6 +75,36 @@ async def capture_stacks(pid: int, log_path: Path, *, stopped: bool) -> str:
         f.seek(start)
         return f.read(_READ_MAX).decode(errors="replace")
     return ""
+
+
+def _request(fifo: Path) -> bool:
+    """One byte on the rank's stacks FIFO; False when no process reads it."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader; ENOENT: a rank without the thread
+        return False
+    try:
+        os.write(fd, b"s")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+async def _appended(log_path: Path, start: int, wait_s: float) -> bool:
+    """Whether ``log_path`` grew past ``start`` within ``wait_s``, waiting for it to
+    stop growing (the dump complete) once it has."""
+    deadline = time.monotonic() + wait_s
+    size, since = start, time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(_POLL_S)
+        now_size = _size(log_path)
+        if now_size != size:
+            size, since = now_size, time.monotonic()
+        elif size > start and time.monotonic() - since >= _SETTLE_S:
+            return True
+    return size > start
 
 
 def _size(path: Path) -> int:

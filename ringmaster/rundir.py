@@ -227,6 +227,9 @@ class JobDir:
     def rank_beat(self, rank: int) -> Path:
         return beat_beside(self.spec, rank)
 
+    def rank_stacks(self, rank: int) -> Path:
+        return stacks_beside(self.spec, rank)
+
     @property
     def control_socket(self) -> Path:
         """In the job's directory when the path fits AF_UNIX's limit; else a short name
@@ -242,6 +245,11 @@ def beat_beside(spec: Path, rank: int) -> Path:
     """Rank ``rank``'s beat in the directory of the job spec ``spec``: how a rank finds it
     from ``$RINGMASTER_JOB_SPEC``."""
     return spec.parent / f"rank-{rank}.beat"
+
+
+def stacks_beside(spec: Path, rank: int) -> Path:
+    """Rank ``rank``'s stacks request (a FIFO the rank reads) beside the job spec ``spec``."""
+    return spec.parent / f"rank-{rank}.stacks"
 
 
 def exit_beside(spec: Path, rank: int) -> Path:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from proto.progress import Finished
 from ringmaster import rank_env
-from trainer import memory_tier, preflight_bw, termination
+from trainer import memory_tier, preflight_bw, stacks, termination
 from trainer.agent_link import AgentLink
 from trainer.batch_size import choose_micro_batch, forward_backward
 from trainer.beat import Beat
@@ -281,10 +281,11 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     termination.install()
     torch.set_num_threads(torch_threads(env, launch.local_world_size))
-    # Stacks on demand: the node agent's hang watch sends SIGUSR1 and reads the dump from
-    # stderr (the rank's log). The handler is C-level: it runs even while the main thread
-    # is wedged.
+    # Stacks on demand, read by the node agent's hang watch from stderr (the rank's log):
+    # a thread that answers holding the GIL, and faulthandler on SIGUSR1 (C-level, for a
+    # main thread wedged holding the GIL) as the fallback.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stacks.serve_from_env(env, launch.rank)
     beat = Beat.from_env(env, launch.rank).start()
     log = Log(launch.rank, launch.attempt)
     log("started", pid=os.getpid())

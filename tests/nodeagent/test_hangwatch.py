@@ -235,7 +235,7 @@ async def test_a_stopped_ranks_dump_without_its_main_thread_is_asked_for_again(
     dumps = [cut, whole]
     asked: list[bool] = []
 
-    async def capture_stacks(pid: int, log_path: Path, *, stopped: bool) -> str:
+    async def capture_stacks(pid: int, log_path: Path, fifo: Path, *, stopped: bool) -> str:
         asked.append(stopped)
         return dumps.pop(0)
 
@@ -248,6 +248,7 @@ async def test_a_stopped_ranks_dump_without_its_main_thread_is_asked_for_again(
         raise AssertionError("no progress either")
 
     watch = HangWatch(Supervisor("node-a", tmp_path, emit, progress), emit, "node-a")
-    stacks = await watch._stacks(Proc(pid=42, state="T"), tmp_path / "log", beat(0.0, since_step=9))
+    proc = Proc(pid=42, state="T")
+    stacks = await watch._stacks(proc, tmp_path / "log", tmp_path / "fifo", beat(0.0, since_step=9))
     assert asked == [True, True]
     assert stacks.startswith(f"Thread 0x{MAIN:x}") and "trainer/loop.py" in stacks

@@ -36,11 +36,14 @@ FLOOR_S = 1.0  # the jobs' hang_floor_s: steps take 0.05 s, so the floor is the 
 RANK = textwrap.dedent(
     """
     import faulthandler, importlib.util, os, signal, time
+    from trainer import stacks
     from trainer.beat import Beat
 
-    if not os.environ.get("NO_FAULTHANDLER"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
     rank = int(os.environ["RANK"])
+    if not os.environ.get("NO_STACKS"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        if not os.environ.get("NO_STACKS_THREAD"):
+            stacks.serve_from_env(os.environ, rank)
     mode = os.environ.get(f"MODE_{rank}", "train")
     beat = Beat.from_env(os.environ, rank).start()
 
@@ -177,7 +180,10 @@ async def test_a_stopped_rank_is_reported_once_with_its_stacks(harness: Harness)
     assert event.stalled_s >= FLOOR_S
     assert event.step >= 5
     assert "train_forever" in event.stacks
-    assert event.stacks.startswith("Current thread") or event.stacks.startswith("Thread")
+    # from the rank's stacks thread (faulthandler would name the thread it ran in
+    # "Current thread"), which holds the GIL as it reads the frames
+    assert event.stacks.startswith("Thread 0x")
+    assert "Current thread" not in event.stacks
     assert latency < FLOOR_S + 2.0
     # the capture continued it for the dump and stopped it again: the fault is unchanged
     state = proc_stat(victim)
@@ -225,10 +231,26 @@ async def test_a_slow_first_step_and_a_long_checkpoint_are_not_hangs(harness: Ha
 async def test_stacks_are_not_asked_of_a_rank_that_cannot_give_them(harness: Harness) -> None:
     """SIGUSR1 would kill a process that does not catch it: a stopped rank without
     faulthandler is reported without stacks, and lives on (stopped)."""
-    (pid,) = await harness.launch(NO_FAULTHANDLER="1")
+    (pid,) = await harness.launch(NO_STACKS="1")
     await harness.steps(0, 3)
     os.kill(pid, signal.SIGSTOP)
     (event,) = await harness.hung()
     assert (event.pid, event.stacks) == (pid, "")
+    state = proc_stat(pid)
+    assert state is not None and state.state in ("T", "t")
+
+
+async def test_a_rank_without_a_stacks_thread_gives_them_through_faulthandler(
+    harness: Harness,
+) -> None:
+    """A rank whose stacks thread does not answer (wedged holding the GIL, or a rank
+    that never started one) is asked through SIGUSR1 instead."""
+    (pid,) = await harness.launch(NO_STACKS_THREAD="1")
+    await harness.steps(0, 3)
+    os.kill(pid, signal.SIGSTOP)
+    (event,) = await harness.hung()
+    assert event.pid == pid
+    assert "train_forever" in event.stacks
+    assert "Current thread" in event.stacks  # faulthandler's mark
     state = proc_stat(pid)
     assert state is not None and state.state in ("T", "t")
