@@ -57,11 +57,15 @@ async def capture_stacks(pid: int, log_path: Path, fifo: Path, *, stopped: bool)
     """The dump ``pid`` appends to ``log_path`` when asked through ``fifo``, else on
     SIGUSR1 ("" if none)."""
     start = _size(log_path)
+    asked = _request(fifo)  # a stopped rank's open FIFO takes the byte all the same
+    faulthandler = catches(pid, signal.SIGUSR1)
+    if not (asked or faulthandler):
+        return ""  # nothing to ask: a stopped rank is left exactly as it is
     try:
         if stopped:
             os.kill(pid, signal.SIGCONT)
-        if not (_request(fifo) and await _appended(log_path, start, THREAD_WAIT_S)):
-            if not catches(pid, signal.SIGUSR1):
+        if not (asked and await _appended(log_path, start, THREAD_WAIT_S)):
+            if not faulthandler:
                 return ""
             os.kill(pid, signal.SIGUSR1)
             await _appended(log_path, start, STACKS_WAIT_S)
@@ -69,12 +73,24 @@ async def capture_stacks(pid: int, log_path: Path, fifo: Path, *, stopped: bool)
         return ""
     finally:
         if stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
+            await _stop_again(pid)
     with contextlib.suppress(OSError), log_path.open("rb") as f:
         f.seek(start)
         return f.read(_READ_MAX).decode(errors="replace")
     return ""
+
+
+async def _stop_again(pid: int) -> None:
+    """SIGSTOP, and wait (briefly) until the process is seen stopped: the signal takes
+    effect when the process next runs, not when ``kill`` returns."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + STACKS_WAIT_S
+    while time.monotonic() < deadline:
+        stat = proc_stat(pid)
+        if stat is None or stat.state in ("T", "t"):
+            return
+        await asyncio.sleep(_POLL_S)
 
 
 def _request(fifo: Path) -> bool:
