@@ -280,8 +280,9 @@ class DcpCheckpoints:
             return "no DCP files in its manifest"
         return None
 
-    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str]:
-        return self.state.files_for(manifest)  # every rank reads the whole metadata and shards
+    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str] | None:
+        # every rank reads the whole metadata and shards (DCP reshards as it loads)
+        return self.files_for(manifest)
 
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
         self.state.load(step_dir)

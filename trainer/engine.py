@@ -66,10 +66,11 @@ class Engine(Protocol):
         one line; None when it does not (the files may still fail their checksums)."""
         ...
 
-    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str]:
-        """Every file rank ``rank`` opens loading ``manifest`` at the world size that wrote
-        it: its own and the other ranks' it reads too. A durable dir shows every rank
-        every file; the memory tier brings these to the rank's node."""
+    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str] | None:
+        """Every file rank ``rank`` of this world opens loading ``manifest``: its own and
+        the other ranks' it reads too (at another world size, what resharding reads).
+        A durable dir shows every rank every file; the memory tier brings these to the
+        rank's node. None where :meth:`files_for` refuses the checkpoint."""
         ...
 
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:

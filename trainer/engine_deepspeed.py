@@ -54,6 +54,7 @@ from torch import nn
 
 from proto.job import TrainSection
 from trainer import durable
+from trainer.file_transfer import share_from_rank0
 from trainer.host_buffers import HostBuffers
 from trainer.model import lm_loss
 from trainer.precision import Precision
@@ -104,6 +105,7 @@ class DeepSpeedEngine:
         device: torch.device,
         rank: int,
         world_size: int,
+        checkpoint_group: object,
     ) -> None:
         import deepspeed  # seconds to import; only this engine needs it
 
@@ -116,6 +118,7 @@ class DeepSpeedEngine:
         self.device = device
         self.rank = rank
         self.world_size = world_size
+        self.checkpoint_group = checkpoint_group  # gloo: files travel over it
         self.ds, *_ = deepspeed.initialize(
             model=module.to(device),
             model_parameters=module.parameters(),
@@ -176,9 +179,16 @@ class DeepSpeedEngine:
             sorted(n for n in manifest.files if n.startswith(f"{TAG}/")) if self.rank == 0 else []
         )
 
-    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str]:
-        """Its own files and rank 0's (the model states every rank loads under ZeRO-1/2)."""
-        names = {*manifest.ranks.get(str(rank), []), *manifest.ranks.get("0", [])}
+    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str] | None:
+        """At the world size that wrote it: its own files and rank 0's (the model states
+        every rank loads under ZeRO-1/2). At another: every file for rank 0, which
+        converts them (:meth:`_load_universal`), and none for the others."""
+        if self.refusal(manifest) is not None:
+            return None
+        if manifest.world_size == self.world_size:
+            names = {*manifest.ranks.get(str(rank), []), *manifest.ranks.get("0", [])}
+        else:
+            names = set(manifest.files) if rank == 0 else set()
         return sorted(name for name in names if name.startswith(f"{TAG}/"))
 
     def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
@@ -204,6 +214,8 @@ class DeepSpeedEngine:
         dist.broadcast_object_list(box, src=0)  # and the other ranks wait for the copy
         if box[0] is not None:
             raise RuntimeError(box[0])
+        # a restore from the memory tier is in each rank's own dir: rank 0 sends its copy
+        share_from_rank0(universal, self.rank, self.world_size, self.checkpoint_group)
         self.ds._config.load_universal_checkpoint = True  # ``checkpoint.load_universal``
         try:
             path: str | None

@@ -133,8 +133,11 @@ class Trainer:
         job = manifest.job or "unrecorded"
         self.log("resumed_from", step=self.step, tier="durable", job=job, path=step_dir)
 
-    def _memory_needs(self, manifest: durable.Manifest, rank: int) -> list[str]:
-        return [*self.engine.memory_files(manifest, rank), durable.trainer_file(rank)]
+    def _memory_needs(self, manifest: durable.Manifest, rank: int) -> list[str] | None:
+        files = self.engine.memory_files(manifest, rank)
+        same_world = manifest.world_size == self.batches.layout.world_size
+        trainer = durable.trainer_file(rank if same_world else 0)
+        return None if files is None else [*files, trainer]
 
     def _load(self, manifest: durable.Manifest, step_dir: Path) -> None:
         """Restore a verified checkpoint: the engine's state, then step, data offset, RNG."""

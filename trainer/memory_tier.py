@@ -9,11 +9,13 @@ anyway, and a copy through an agent would add a hop and a second transport to ev
 snapshot. It runs in the persist thread, so the training loop never waits for it.
 
 Resume: every rank of the new world says which sealed steps its node holds and which of
-their files; the ranks pick the newest step at their world size whose files the new world
-holds between them, and each rank assembles the files it loads (its own, plus what the
-engine reads of other ranks') from its node's store and, for the rest, from the rank that
-holds them. Everything is verified against the manifest before it is loaded; a step that
-fails anywhere is given up for the durable tier on every rank.
+their files; the ranks pick the newest step whose files the new world holds between them
+and that its engine can load at the new world size (a world that shrank or grew reshards
+from memory as it would from a durable checkpoint), and each rank assembles the files it
+loads (its own, plus what the engine reads of other ranks') from its node's store and,
+for the rest, from the rank that holds them. Everything is verified against the manifest
+before it is loaded; a step that fails anywhere is given up for the durable tier on every
+rank.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ringmaster.checkpoints import FileEntry, Manifest
 from ringmaster.memory_store import MemoryStore, node_store
 from trainer import durable
 from trainer.coordination import Coordination, Figures
+from trainer.file_transfer import send_recv
 
 # The snapshot's share of step time the automatic cadence aims at.
 COST_BUDGET = 0.02
@@ -67,32 +69,6 @@ def buddy_ranks(nodes: list[str]) -> tuple[dict[int, int], dict[int, int]]:
                 if index < len(peers):
                     to[rank] = peers[index]
     return to, {dst: src for src, dst in to.items()}
-
-
-def _send_recv(
-    sends: list[tuple[Path, int]], recvs: list[tuple[Path, int, int]], group: object
-) -> None:
-    """Send each (file, peer); receive each (file, peer, size) into place. Both sides know
-    every size from the manifest, so an empty file travels as no message at all."""
-    ops, landing = [], []
-    for path, peer in sends:
-        data = path.read_bytes()
-        if data:
-            tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            ops.append(dist.P2POp(dist.isend, tensor, peer, group))  # type: ignore[arg-type]
-    for path, peer, size in recvs:
-        buf = torch.empty(size, dtype=torch.uint8)
-        if size:
-            ops.append(dist.P2POp(dist.irecv, buf, peer, group))  # type: ignore[arg-type]
-        landing.append((path, buf))
-    if ops:
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-    for path, buf in landing:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(buf.numpy().tobytes())
-        tmp.replace(path)
 
 
 @dataclass
@@ -177,14 +153,13 @@ class MemoryTier:
         if (src := self.source.get(rank)) is not None:
             theirs = manifest.ranks.get(str(src), [])
             recvs = [(step_dir / n, src, manifest.files[n].size) for n in theirs]
-        _send_recv(sends, recvs, self.coord.group)
+        send_recv(sends, recvs, self.coord.group)
 
-    def restore(
-        self, needs: Callable[[Manifest, int], list[str]], after: int
-    ) -> tuple[Manifest, Path] | None:
-        """The newest sealed step past ``after`` at this world size that the ranks hold
-        between them, assembled in this rank's restore dir and verified; None (on every
-        rank) when there is none. ``needs(manifest, rank)``: the files rank loads."""
+    def restore(self, needs: Needs, after: int) -> tuple[Manifest, Path] | None:
+        """The newest sealed step past ``after`` that the ranks hold between them and can
+        load at this world size, assembled in this rank's restore dir and verified; None
+        (on every rank) when there is none. ``needs(manifest, rank)``: the files rank
+        loads, None when it cannot load that step (the engine does not reshard it)."""
         sealed = self.store.sealed()
         offers = self.coord.all_gather(
             {step: (m, present) for step, (m, present) in sealed.items() if step > after}
@@ -194,7 +169,7 @@ class MemoryTier:
             return None
         step, manifest, plan = chosen
         restore = self.store.restore_dir(self.coord.rank) / durable.step_dir_name(step)
-        mine = needs(manifest, self.coord.rank)
+        mine = needs(manifest, self.coord.rank) or []
         try:
             self._assemble(step, manifest, plan, restore, mine)
             ok = all(durable.verify(restore, manifest, name) for name in mine)
@@ -223,20 +198,22 @@ class MemoryTier:
         recvs = [
             (restore / name, frm, manifest.files[name].size) for name, frm, to in plan if to == rank
         ]
-        _send_recv(sends, recvs, self.coord.group)
+        send_recv(sends, recvs, self.coord.group)
 
     def discard_restore(self) -> None:
         shutil.rmtree(self.store.restore_dir(self.coord.rank), ignore_errors=True)
 
 
 Offer = dict[int, tuple[Manifest, list[str]]]
+Needs = Callable[[Manifest, int], list[str] | None]
 
 
 def _choose(
-    offers: list[Offer], world: int, needs: Callable[[Manifest, int], list[str]]
+    offers: list[Offer], world: int, needs: Needs
 ) -> tuple[int, Manifest, list[tuple[str, int, int]]] | None:
-    """The newest step every rank can assemble, and the transfers that assemble it:
-    (file, from rank, to rank), the same list on every rank."""
+    """The newest step every rank of a world of ``world`` can assemble and load (at the
+    world size that wrote it or, where the engine reshards it, at another), and the
+    transfers that assemble it: (file, from rank, to rank), the same list on every rank."""
     steps = sorted({s for offer in offers for s in offer}, reverse=True)
     for step in steps:
         holders: dict[str, list[int]] = {}
@@ -246,12 +223,16 @@ def _choose(
                 manifest = offer[step][0]
                 for name in offer[step][1]:
                     holders.setdefault(name, []).append(rank)
-        if manifest is None or manifest.world_size != world:
+        if manifest is None:
             continue
         plan: list[tuple[str, int, int]] = []
         complete = True
         for rank in range(world):
-            for name in needs(manifest, rank):
+            names = needs(manifest, rank)
+            if names is None:
+                complete = False
+                break
+            for name in names:
                 have = holders.get(name, [])
                 if rank in have:
                     continue

@@ -127,7 +127,7 @@ def _engine(
     if train.engine == "deepspeed":
         from trainer.engine_deepspeed import DeepSpeedEngine
 
-        return DeepSpeedEngine(*args, launch.rank, launch.world_size)
+        return DeepSpeedEngine(*args, launch.rank, launch.world_size, coord.group)
     if train.engine == "fsdp":
         from trainer.engine_fsdp import FSDPEngine
 

@@ -88,7 +88,7 @@ def probe(spec_path: Path, step_dir: Path, out: Path, rank: int, world_size: int
     if train.engine == "deepspeed":
         from trainer.engine_deepspeed import TAG, DeepSpeedEngine
 
-        zero = DeepSpeedEngine(model, train, train.precision, device, rank, world_size)
+        zero = DeepSpeedEngine(model, train, train.precision, device, rank, world_size, None)
         load(zero, step_dir)
         zero.ds.save_checkpoint(str(out), tag=TAG, save_latest=False)
         zero.ds.destroy()

@@ -42,7 +42,7 @@ def test_the_newest_step_the_new_world_can_assemble_is_chosen() -> None:
     assert sorted(plan) == [("own-0", 0, 1), ("own-1", 0, 1), ("trainer-1", 0, 1)]
 
 
-def test_a_step_missing_a_shard_everywhere_or_of_another_world_is_passed_over() -> None:
+def test_a_step_missing_a_shard_everywhere_is_passed_over() -> None:
     new, old = manifest(9, 2), manifest(7, 2)
     offers = [
         {9: (new, ["own-0", "trainer-0"]), 7: (old, sorted(old.files))},
@@ -50,7 +50,29 @@ def test_a_step_missing_a_shard_everywhere_or_of_another_world_is_passed_over() 
     ]
     chosen = _choose(offers, 2, needs)
     assert chosen is not None and chosen[0] == 7
-    assert _choose(offers, 3, needs) is None
+    assert _choose(offers, 3, needs) is None  # a third rank's own files are nowhere
+
+
+def test_another_world_size_is_chosen_where_the_engine_reshards_it() -> None:
+    """A world grown from 2 to 3: rank 0 reads every file (it converts them), the others
+    rank 0's trainer state; an engine that cannot reshard the step says None."""
+    old = manifest(9, 2)
+
+    def reshards(m: Manifest, rank: int) -> list[str] | None:
+        return sorted(m.files) if rank == 0 else ["trainer-0"]
+
+    offers = [{9: (old, ["own-0", "trainer-0"])}, {9: (old, ["own-1", "trainer-1"])}, {}]
+    chosen = _choose(offers, 3, reshards)
+    assert chosen is not None
+    step, _, plan = chosen
+    assert step == 9
+    assert sorted(plan) == [
+        ("own-1", 1, 0),
+        ("trainer-0", 0, 1),
+        ("trainer-0", 0, 2),
+        ("trainer-1", 1, 0),
+    ]
+    assert _choose(offers, 3, lambda m, rank: None) is None
 
 
 def test_the_automatic_cadence_keeps_the_snapshot_under_its_budget() -> None:

@@ -85,3 +85,48 @@ def test_without_a_newer_snapshot_the_durable_checkpoint_is_resumed(
     assert ranks.wait() == [0, 0], ranks.log(0)
     resumed = ranks.events(0, "resumed_from")
     assert resumed[0]["tier"] == "durable" and resumed[0]["step"] == "6"
+
+
+def test_a_world_that_shrank_reshards_from_memory_as_from_a_durable_checkpoint(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    """node-b is lost and the job goes on with one rank: it resumes from memory (node-b's
+    shard from its buddy copy on node-a) at the step it had, and the state it trains on
+    from there equals, bit for bit, a one-rank resume from a durable checkpoint of that
+    step (DeepSpeed's universal conversion both ways)."""
+    truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
+    ranks = launch(truth, job_id="truth", per_rank_env=node_env("node-a", "node-b"))
+    assert ranks.wait() == [0, 0], ranks.log(0)
+    job = "shrunk"
+    spec = make_spec(
+        train={**ZERO1, "steps": 40},
+        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": "shrunk"},
+    )
+    ranks = launch(spec, job_id=job, per_rank_env=node_env("node-a", "node-b"))
+    deadline = time.monotonic() + 120
+    while (sealed_step(job, "node-a") or 0) < 5:
+        assert time.monotonic() < deadline and ranks.procs[0].poll() is None, ranks.log(0)
+        time.sleep(0.05)
+    ranks.signal(signal.SIGKILL)
+    ranks.wait(30)
+    shutil.rmtree(SHM / memory_store_name(job) / "node-b")
+    step = sealed_step(job, "node-a")
+    assert step is not None and step >= 5
+    on = {"every_steps": 1000, "memory_every_steps": 1}
+    alone = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "shrunk"})
+    ranks = launch(alone, job_id=job, world_size=1, per_rank_env=node_env("node-a"))
+    assert ranks.wait() == [0], ranks.log(0)
+    resumed = ranks.events(0, "resumed_from")
+    assert resumed and resumed[0]["tier"] == "memory" and resumed[0]["step"] == str(step)
+    # the peer: the same step from a durable checkpoint, at the same world of one
+    shutil.copytree(tmp_path / "ckpt" / f"step-{step}", tmp_path / "durable" / f"step-{step}")
+    peer = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "durable"})
+    ranks = launch(peer, job_id="durable", world_size=1, per_rank_env=node_env("node-a"))
+    assert ranks.wait() == [0], ranks.log(0)
+    resumed = ranks.events(0, "resumed_from")
+    assert resumed and resumed[0]["tier"] == "durable" and resumed[0]["step"] == str(step)
+    from_memory = checkpoint_tensors(tmp_path / "shrunk" / f"step-{step + 2}")
+    from_durable = checkpoint_tensors(tmp_path / "durable" / f"step-{step + 2}")
+    assert from_memory.keys() == from_durable.keys() and len(from_memory) > 10
+    for key, value in from_memory.items():
+        assert torch.equal(value, from_durable[key]), key

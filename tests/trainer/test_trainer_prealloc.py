@@ -47,7 +47,7 @@ def _rank(rank: int, out: str) -> None:
             model = GPT(get_preset("tiny"))
             engine: Any
             if name == "deepspeed":
-                engine = DeepSpeedEngine(model, train, "fp32", cpu, 0, 1)
+                engine = DeepSpeedEngine(model, train, "fp32", cpu, 0, 1, None)
             elif name == "ddp":
                 engine = DDPEngine(model, train, "fp32", cpu)
             else:
