@@ -31,18 +31,24 @@ def sealed_step(job_id: str, node: str) -> int | None:
     return max(steps) if steps else None
 
 
-def test_a_lost_node_is_restored_from_its_buddy_to_the_bit(
-    tmp_path: Path, launch: Any, make_spec: MakeSpec
-) -> None:
-    # the truth: the same job uninterrupted, a durable checkpoint of every step
+def assert_same_state(got: Path, want: Path) -> None:
+    """Every tensor of two DeepSpeed step dirs equal, bit for bit."""
+    found, expected = checkpoint_tensors(got), checkpoint_tensors(want)
+    assert found.keys() == expected.keys() and len(found) > 10
+    for key, value in found.items():
+        assert torch.equal(value, expected[key]), key
+
+
+def truth_and_lost_node(launch: Any, make_spec: MakeSpec, job: str) -> int:
+    """The truth (the job uninterrupted, a durable checkpoint of every step, in
+    ``ckpt``), then ``job`` on node-a and node-b with memory snapshots every step and no
+    durable one, killed with node-b's RAM once node-a holds step 5 or later: that step."""
     truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
     ranks = launch(truth, job_id="truth", per_rank_env=node_env("node-a", "node-b"))
     assert ranks.wait() == [0, 0], ranks.log(0)
-    # the run that loses node-b: memory snapshots every step, no durable one until the end
-    job = "faulted"
     spec = make_spec(
         train={**ZERO1, "steps": 40},
-        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": "faulted"},
+        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": job},
     )
     ranks = launch(spec, job_id=job, per_rank_env=node_env("node-a", "node-b"))
     deadline = time.monotonic() + 120
@@ -54,6 +60,14 @@ def test_a_lost_node_is_restored_from_its_buddy_to_the_bit(
     shutil.rmtree(SHM / memory_store_name(job) / "node-b")  # node-b's RAM went with it
     step = sealed_step(job, "node-a")
     assert step is not None and step >= 5
+    return step
+
+
+def test_a_lost_node_is_restored_from_its_buddy_to_the_bit(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    job = "faulted"
+    step = truth_and_lost_node(launch, make_spec, job)
     # rank 1 comes back on a new node: its shard only exists as rank 0's buddy copy
     again = make_spec(
         train={**ZERO1, "steps": step},
@@ -64,11 +78,7 @@ def test_a_lost_node_is_restored_from_its_buddy_to_the_bit(
     for rank in (0, 1):
         resumed = ranks.events(rank, "resumed_from")
         assert resumed and resumed[0]["tier"] == "memory" and resumed[0]["step"] == str(step)
-    restored = checkpoint_tensors(tmp_path / "faulted" / f"step-{step}")
-    uninterrupted = checkpoint_tensors(tmp_path / "ckpt" / f"step-{step}")
-    assert restored.keys() == uninterrupted.keys() and len(restored) > 10
-    for key, value in restored.items():
-        assert torch.equal(value, uninterrupted[key]), key
+    assert_same_state(tmp_path / "faulted" / f"step-{step}", tmp_path / "ckpt" / f"step-{step}")
     # a clean end gives the RAM back
     assert not (SHM / memory_store_name(job)).exists()
 
@@ -94,24 +104,8 @@ def test_a_world_that_shrank_reshards_from_memory_as_from_a_durable_checkpoint(
     shard from its buddy copy on node-a) at the step it had, and the state it trains on
     from there equals, bit for bit, a one-rank resume from a durable checkpoint of that
     step (DeepSpeed's universal conversion both ways)."""
-    truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
-    ranks = launch(truth, job_id="truth", per_rank_env=node_env("node-a", "node-b"))
-    assert ranks.wait() == [0, 0], ranks.log(0)
     job = "shrunk"
-    spec = make_spec(
-        train={**ZERO1, "steps": 40},
-        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": "shrunk"},
-    )
-    ranks = launch(spec, job_id=job, per_rank_env=node_env("node-a", "node-b"))
-    deadline = time.monotonic() + 120
-    while (sealed_step(job, "node-a") or 0) < 5:
-        assert time.monotonic() < deadline and ranks.procs[0].poll() is None, ranks.log(0)
-        time.sleep(0.05)
-    ranks.signal(signal.SIGKILL)
-    ranks.wait(30)
-    shutil.rmtree(SHM / memory_store_name(job) / "node-b")
-    step = sealed_step(job, "node-a")
-    assert step is not None and step >= 5
+    step = truth_and_lost_node(launch, make_spec, job)
     on = {"every_steps": 1000, "memory_every_steps": 1}
     alone = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "shrunk"})
     ranks = launch(alone, job_id=job, world_size=1, per_rank_env=node_env("node-a"))
@@ -125,8 +119,5 @@ def test_a_world_that_shrank_reshards_from_memory_as_from_a_durable_checkpoint(
     assert ranks.wait() == [0], ranks.log(0)
     resumed = ranks.events(0, "resumed_from")
     assert resumed and resumed[0]["tier"] == "durable" and resumed[0]["step"] == str(step)
-    from_memory = checkpoint_tensors(tmp_path / "shrunk" / f"step-{step + 2}")
-    from_durable = checkpoint_tensors(tmp_path / "durable" / f"step-{step + 2}")
-    assert from_memory.keys() == from_durable.keys() and len(from_memory) > 10
-    for key, value in from_memory.items():
-        assert torch.equal(value, from_durable[key]), key
+    after = f"step-{step + 2}"
+    assert_same_state(tmp_path / "shrunk" / after, tmp_path / "durable" / after)
