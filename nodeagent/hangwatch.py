@@ -38,6 +38,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nodeagent.rankprobe import STOPPED
 from proto.job import PolicySection
 from ringmaster.rankbeat import DONE, TRAINING, RankBeat
 
@@ -72,7 +73,7 @@ class Proc:
 
     @property
     def stopped(self) -> bool:
-        return self.state in ("T", "t")
+        return self.state in STOPPED
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ class HangWatch:
             key = (job, rank, pid)
             self._seen.add(key)
             now = time.monotonic()
-            if stat.state in ("T", "t"):
+            if stat.stopped:
                 self._stopped_since.setdefault(key, now)
             else:
                 self._stopped_since.pop(key, None)

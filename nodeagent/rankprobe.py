@@ -29,10 +29,17 @@ _POLL_S = 0.002
 _READ_MAX = 256 * 1024
 
 
+STOPPED = ("T", "t")  # the state letters of a stopped process (by a signal, by a tracer)
+
+
 @dataclass(frozen=True)
 class ProcStat:
     state: str
     pgrp: int
+
+    @property
+    def stopped(self) -> bool:
+        return self.state in STOPPED
 
 
 def proc_stat(pid: int) -> ProcStat | None:
@@ -88,7 +95,7 @@ async def _stop_again(pid: int) -> None:
     deadline = time.monotonic() + STACKS_WAIT_S
     while time.monotonic() < deadline:
         stat = proc_stat(pid)
-        if stat is None or stat.state in ("T", "t"):
+        if stat is None or stat.stopped:
             return
         await asyncio.sleep(_POLL_S)
 
