@@ -229,7 +229,12 @@ def test_sigterm_exits_quickly_nonzero_and_drops_staged_copies(
     ranks = launch(spec, socket_path=agent.path)
     agent.wait_for(Checkpointed)
     staging = default_staging_dir(launch.job_id, tmp_path)
-    assert sorted(p.name for p in staging.iterdir()) == ["rank-0", "rank-1"]
+    # A rank re-stages every second step (its dir is dropped and made again), so one look
+    # may fall between the two: wait until both ranks' copies are seen at once.
+    deadline = time.monotonic() + 15
+    while sorted(p.name for p in staging.iterdir()) != ["rank-0", "rank-1"]:
+        assert time.monotonic() < deadline, sorted(p.name for p in staging.iterdir())
+        time.sleep(0.01)
     ranks.signal(signal.SIGTERM)
     start = time.monotonic()
     assert ranks.wait(timeout=15) == [143, 143]
