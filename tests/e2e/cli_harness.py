@@ -93,9 +93,13 @@ def daemon_addresses(home: Path, network: str = "ctl") -> set[str]:
     return {n.ctl_addr for n in [*net.nodes.values(), net.coordinators]}
 
 
-# One spare interpreter per simulated node, not the default two: each costs seconds of CPU
-# at every `up`, and these scenarios check reactions, not restart speed (the benchmarks do).
-SPARES = {"RINGMASTER_WARM_RANKS": "1"}
+# No spare interpreters unless a scenario asks for them (``ctl.env[WARM] = "1"`` before
+# ``up``): each spare imports torch and DeepSpeed, seconds of CPU per node at every ``up``
+# and again after every launch, which on two cores slows every scenario running beside
+# it; these scenarios check reactions, not restart speed (the benchmarks do), and a rank
+# started cold goes through the same launch as a warm one, less the hand-over.
+WARM = "RINGMASTER_WARM_RANKS"
+SPARES = {WARM: "0"}
 
 
 class Ctl:

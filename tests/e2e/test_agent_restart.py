@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_harness import Ctl, eventually
+from cli_harness import WARM, Ctl, eventually
 
 from coordinator.ctl.home import agent_process, agent_run_dir, pid_file
 from proto.faults import PROCESS_FAULTS, RestartAgentFault, parse_fault
@@ -63,6 +63,7 @@ def test_a_job_completes_across_an_agent_restart(ctl: Ctl, tmp_path: Path) -> No
 
 @pytest.mark.timeout(600)
 def test_a_rank_killed_after_an_agent_restart_is_restarted(ctl: Ctl, tmp_path: Path) -> None:
+    ctl.env[WARM] = "1"  # the restarted agent must adopt its predecessor's spare
     ctl("up", "--nodes", "2")
     job = ctl.start("tiny.toml", "train.steps=100000", f"checkpoint.dir={tmp_path / 'ckpt'}")
     ctl.wait(job, lambda s: s["step"] >= 2)

@@ -1,5 +1,6 @@
 """The README's scenario, as a user runs it: a local 2-node cluster trains, is disturbed
-by an NVMe latency spike, pauses, resumes, completes, and ``down`` leaves nothing.
+by an NVMe latency spike, pauses, resumes, completes, ``report`` accounts for its time and
+cost, and ``down`` leaves nothing.
 
 The example script runs the scenario and makes its own checks; this test does not take its
 word for it: with the cluster kept up, it reads the job's record and event history through
@@ -17,6 +18,7 @@ import pytest
 from cli_harness import ROOT, Ctl, eventually
 
 from coordinator.ctl.home import pids_dir
+from proto.job import GOODPUT_BUCKETS
 from ringmaster.procs import pid_alive, read_pid
 
 
@@ -24,6 +26,32 @@ def in_order(kinds: list[str], *expected: str) -> bool:
     """Whether each of ``expected`` occurs in ``kinds``, in that order."""
     rest = iter(kinds)
     return all(kind in rest for kind in expected)
+
+
+def check_report(ctl: Ctl, job: str, tmp_path: Path) -> None:
+    """``report`` of the job that paused through the spike: every goodput bucket, summing
+    to the total in hours and in cost, the spike named, and the timeline drawn."""
+    page = tmp_path / "out.html"
+    out = ctl("report", job, "--price-per-gpu-hour", "2.5", "--html", str(page))
+    rows = {
+        line.split()[0]: (float(line.split()[1]), float(line.split()[2]))
+        for line in out.splitlines()
+        if line.split() and line.split()[0] in (*GOODPUT_BUCKETS, "total")
+    }
+    assert set(rows) == {*GOODPUT_BUCKETS, "total"}, out
+    hours, cost = rows.pop("total")
+    assert hours > 0 and sum(h for h, _ in rows.values()) == pytest.approx(hours, abs=5e-4)
+    # printed to 4 decimals: each figure is within half a unit of the last place
+    assert sum(c for _, c in rows.values()) == pytest.approx(cost, abs=5e-4)
+    assert cost == pytest.approx(hours * 2.5, abs=2.5e-4)
+    assert all(c == pytest.approx(h * 2.5, abs=2.5e-4) for h, c in rows.values())
+    assert "nvme.latency:node-1" in out and "estimate" in out.lower()
+    svg = page.read_text()
+    for kind in ("nvme.latency_spike", "job.paused", "job.resumed"):
+        assert f'data-kind="{kind}"' in svg, kind
+    assert ctl.run("report", "no-such-job").returncode == 2
+    data = json.loads(ctl("report", job, "--json"))
+    assert data["faults"] and data["steps"]
 
 
 @pytest.mark.slow
@@ -78,6 +106,7 @@ def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> 
             next(line for line in done.stdout.splitlines() if line.startswith("==> timings "))[12:]
         )
         assert 0 < figures["spike_event_to_paused_s"] < figures["inject_to_paused_s"]
+        check_report(ctl, job["id"], tmp_path)
     finally:
         ctl.run("down")
     survivors = [name for name, pid in daemons.items() if pid is not None and pid_alive(pid)]
