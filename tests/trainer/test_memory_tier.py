@@ -44,7 +44,7 @@ def truth_and_lost_node(launch: Any, make_spec: MakeSpec, job: str) -> int:
     ``ckpt``), then ``job`` on node-a and node-b with memory snapshots every step and no
     durable one, killed with node-b's RAM once node-a holds step 5 or later: that step."""
     truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
-    ranks = launch(truth, job_id="truth", per_rank_env=node_env("node-a", "node-b"))
+    ranks = launch(truth, job_id=f"{job}-truth", per_rank_env=node_env("node-a", "node-b"))
     assert ranks.wait() == [0, 0], ranks.log(0)
     spec = make_spec(
         train={**ZERO1, "steps": 40},
@@ -115,9 +115,50 @@ def test_a_world_that_shrank_reshards_from_memory_as_from_a_durable_checkpoint(
     # the peer: the same step from a durable checkpoint, at the same world of one
     shutil.copytree(tmp_path / "ckpt" / f"step-{step}", tmp_path / "durable" / f"step-{step}")
     peer = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "durable"})
-    ranks = launch(peer, job_id="durable", world_size=1, per_rank_env=node_env("node-a"))
+    ranks = launch(peer, job_id=f"{job}-durable", world_size=1, per_rank_env=node_env("node-a"))
     assert ranks.wait() == [0], ranks.log(0)
     resumed = ranks.events(0, "resumed_from")
     assert resumed and resumed[0]["tier"] == "durable" and resumed[0]["step"] == str(step)
     after = f"step-{step + 2}"
     assert_same_state(tmp_path / "shrunk" / after, tmp_path / "durable" / after)
+
+
+def test_a_world_that_grew_resumes_from_memory_and_the_new_node_receives_the_state(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec
+) -> None:
+    """A one-rank job on node-a is killed with its snapshots in node-a's RAM and goes on as
+    two ranks, node-c joining with nothing in RAM: both resume from memory at the step
+    node-a had (node-c's rank from the universal copy rank 0 makes and sends it), and two
+    steps later their state equals, bit for bit, a two-rank resume from a durable
+    checkpoint of that step."""
+    job = "grown"
+    on = {"every_steps": 1000, "memory_every_steps": 1}
+    truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
+    ranks = launch(truth, job_id=f"{job}-truth", world_size=1, per_rank_env=node_env("node-a"))
+    assert ranks.wait() == [0], ranks.log(0)
+    alone = make_spec(train={**ZERO1, "steps": 40}, checkpoint={**on, "dir": job})
+    ranks = launch(alone, job_id=job, world_size=1, per_rank_env=node_env("node-a"))
+    deadline = time.monotonic() + 120
+    while (sealed_step(job, "node-a") or 0) < 5:
+        assert time.monotonic() < deadline and ranks.procs[0].poll() is None, ranks.log(0)
+        time.sleep(0.05)
+    ranks.signal(signal.SIGKILL)
+    ranks.wait(30)
+    step = sealed_step(job, "node-a")
+    assert step is not None and step >= 5
+    assert not (SHM / memory_store_name(job) / "node-c").exists()  # nothing there to read
+    grown = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": job})
+    ranks = launch(grown, job_id=job, per_rank_env=node_env("node-a", "node-c"))
+    assert ranks.wait() == [0, 0], ranks.log(1)
+    for rank in (0, 1):
+        resumed = ranks.events(rank, "resumed_from")
+        assert resumed and resumed[0]["tier"] == "memory" and resumed[0]["step"] == str(step)
+    # the peer: the same step from a durable checkpoint, at the same world of two
+    shutil.copytree(tmp_path / "ckpt" / f"step-{step}", tmp_path / "durable" / f"step-{step}")
+    peer = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "durable"})
+    ranks = launch(peer, job_id=f"{job}-durable", per_rank_env=node_env("node-a", "node-c"))
+    assert ranks.wait() == [0, 0], ranks.log(0)
+    resumed = ranks.events(0, "resumed_from")
+    assert resumed and resumed[0]["tier"] == "durable" and resumed[0]["step"] == str(step)
+    after = f"step-{step + 2}"
+    assert_same_state(tmp_path / job / after, tmp_path / "durable" / after)
