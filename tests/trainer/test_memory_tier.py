@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,13 @@ from test_trainer_deepspeed import MakeSpec, checkpoint_tensors
 
 from proto.job import memory_store_name
 from ringmaster.memory_store import MemoryStore
+from ringmaster.procs import wait_until
 
 pytestmark = pytest.mark.slow
 
 SHM = Path("/dev/shm")
 ZERO1 = {"engine": "deepspeed", "zero_stage": 1, "precision": "fp32"}
+MEMORY_ONLY = {"every_steps": 1000, "memory_every_steps": 1}  # a snapshot every step
 
 
 def node_env(*nodes: str) -> dict[int, dict[str, str]]:
@@ -39,28 +40,70 @@ def assert_same_state(got: Path, want: Path) -> None:
         assert torch.equal(value, expected[key]), key
 
 
-def truth_and_lost_node(launch: Any, make_spec: MakeSpec, job: str) -> int:
-    """The truth (the job uninterrupted, a durable checkpoint of every step, in
-    ``ckpt``), then ``job`` on node-a and node-b with memory snapshots every step and no
-    durable one, killed with node-b's RAM once node-a holds step 5 or later: that step."""
-    truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
-    ranks = launch(truth, job_id=f"{job}-truth", per_rank_env=node_env("node-a", "node-b"))
-    assert ranks.wait() == [0, 0], ranks.log(0)
-    spec = make_spec(
-        train={**ZERO1, "steps": 40},
-        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": job},
+def truth(launch: Any, make_spec: MakeSpec, job: str, *nodes: str) -> None:
+    """The truth: ``job`` uninterrupted on ``nodes``, a durable checkpoint of every step
+    in ``ckpt``."""
+    spec = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
+    ranks = launch(
+        spec, job_id=f"{job}-truth", world_size=len(nodes), per_rank_env=node_env(*nodes)
     )
-    ranks = launch(spec, job_id=job, per_rank_env=node_env("node-a", "node-b"))
-    deadline = time.monotonic() + 120
-    while (sealed_step(job, "node-a") or 0) < 5:
-        assert time.monotonic() < deadline and ranks.procs[0].poll() is None, ranks.log(0)
-        time.sleep(0.05)
-    ranks.signal(signal.SIGKILL)  # node-b is lost, and rank 0 with it (its world is gone)
+    assert ranks.wait() == [0] * len(nodes), ranks.log(0)
+
+
+def killed_once_sealed(launch: Any, make_spec: MakeSpec, job: str, *nodes: str) -> int:
+    """``job`` on ``nodes`` with memory snapshots only, every rank killed once the first
+    node holds step 5 or later: that step."""
+    spec = make_spec(train={**ZERO1, "steps": 40}, checkpoint={**MEMORY_ONLY, "dir": job})
+    ranks = launch(spec, job_id=job, world_size=len(nodes), per_rank_env=node_env(*nodes))
+
+    def sealed() -> int | None:
+        assert ranks.procs[0].poll() is None, ranks.log(0)
+        step = sealed_step(job, nodes[0])
+        return step if step is not None and step >= 5 else None
+
+    wait_until(sealed, 120)
+    ranks.signal(signal.SIGKILL)
     ranks.wait(30)
-    shutil.rmtree(SHM / memory_store_name(job) / "node-b")  # node-b's RAM went with it
-    step = sealed_step(job, "node-a")
+    step = sealed_step(job, nodes[0])  # the newest, sealed before the kill
     assert step is not None and step >= 5
     return step
+
+
+def truth_and_lost_node(launch: Any, make_spec: MakeSpec, job: str) -> int:
+    """The truth on node-a and node-b, then ``job`` there, killed with node-b's RAM once
+    node-a holds step 5 or later: that step."""
+    truth(launch, make_spec, job, "node-a", "node-b")
+    # node-b is lost, and rank 0 with it (its world is gone)
+    step = killed_once_sealed(launch, make_spec, job, "node-a", "node-b")
+    shutil.rmtree(SHM / memory_store_name(job) / "node-b")  # node-b's RAM went with it
+    return step
+
+
+def assert_resumed(ranks: Any, tier: str, step: int, world: int) -> None:
+    for rank in range(world):
+        resumed = ranks.events(rank, "resumed_from")
+        assert resumed and resumed[0]["tier"] == tier and resumed[0]["step"] == str(step)
+
+
+def resume_on(launch: Any, make_spec: MakeSpec, job: str, steps: int, *nodes: str) -> Any:
+    """``job`` launched again on ``nodes`` to ``steps``, run to its end: its ranks."""
+    spec = make_spec(train={**ZERO1, "steps": steps}, checkpoint={**MEMORY_ONLY, "dir": job})
+    ranks = launch(spec, job_id=job, world_size=len(nodes), per_rank_env=node_env(*nodes))
+    assert ranks.wait() == [0] * len(nodes), ranks.log(len(nodes) - 1)
+    return ranks
+
+
+def assert_as_from_a_durable_checkpoint(
+    tmp_path: Path, launch: Any, make_spec: MakeSpec, job: str, step: int, *nodes: str
+) -> None:
+    """``job``'s state two steps after it resumed at ``step`` equals, bit for bit, that of
+    the same world resumed from the truth's durable checkpoint of ``step``."""
+    peer = f"{job}-durable"
+    shutil.copytree(tmp_path / "ckpt" / f"step-{step}", tmp_path / peer / f"step-{step}")
+    ranks = resume_on(launch, make_spec, peer, step + 2, *nodes)
+    assert_resumed(ranks, "durable", step, 1)
+    after = f"step-{step + 2}"
+    assert_same_state(tmp_path / job / after, tmp_path / peer / after)
 
 
 def test_a_lost_node_is_restored_from_its_buddy_to_the_bit(
@@ -69,16 +112,9 @@ def test_a_lost_node_is_restored_from_its_buddy_to_the_bit(
     job = "faulted"
     step = truth_and_lost_node(launch, make_spec, job)
     # rank 1 comes back on a new node: its shard only exists as rank 0's buddy copy
-    again = make_spec(
-        train={**ZERO1, "steps": step},
-        checkpoint={"every_steps": 1000, "memory_every_steps": 1, "dir": "faulted"},
-    )
-    ranks = launch(again, job_id=job, per_rank_env=node_env("node-a", "node-c"))
-    assert ranks.wait() == [0, 0], ranks.log(1)
-    for rank in (0, 1):
-        resumed = ranks.events(rank, "resumed_from")
-        assert resumed and resumed[0]["tier"] == "memory" and resumed[0]["step"] == str(step)
-    assert_same_state(tmp_path / "faulted" / f"step-{step}", tmp_path / "ckpt" / f"step-{step}")
+    ranks = resume_on(launch, make_spec, job, step, "node-a", "node-c")
+    assert_resumed(ranks, "memory", step, 2)
+    assert_same_state(tmp_path / job / f"step-{step}", tmp_path / "ckpt" / f"step-{step}")
     # a clean end gives the RAM back
     assert not (SHM / memory_store_name(job)).exists()
 
@@ -106,21 +142,9 @@ def test_a_world_that_shrank_reshards_from_memory_as_from_a_durable_checkpoint(
     step (DeepSpeed's universal conversion both ways)."""
     job = "shrunk"
     step = truth_and_lost_node(launch, make_spec, job)
-    on = {"every_steps": 1000, "memory_every_steps": 1}
-    alone = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "shrunk"})
-    ranks = launch(alone, job_id=job, world_size=1, per_rank_env=node_env("node-a"))
-    assert ranks.wait() == [0], ranks.log(0)
-    resumed = ranks.events(0, "resumed_from")
-    assert resumed and resumed[0]["tier"] == "memory" and resumed[0]["step"] == str(step)
-    # the peer: the same step from a durable checkpoint, at the same world of one
-    shutil.copytree(tmp_path / "ckpt" / f"step-{step}", tmp_path / "durable" / f"step-{step}")
-    peer = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "durable"})
-    ranks = launch(peer, job_id=f"{job}-durable", world_size=1, per_rank_env=node_env("node-a"))
-    assert ranks.wait() == [0], ranks.log(0)
-    resumed = ranks.events(0, "resumed_from")
-    assert resumed and resumed[0]["tier"] == "durable" and resumed[0]["step"] == str(step)
-    after = f"step-{step + 2}"
-    assert_same_state(tmp_path / "shrunk" / after, tmp_path / "durable" / after)
+    ranks = resume_on(launch, make_spec, job, step + 2, "node-a")
+    assert_resumed(ranks, "memory", step, 1)
+    assert_as_from_a_durable_checkpoint(tmp_path, launch, make_spec, job, step, "node-a")
 
 
 def test_a_world_that_grew_resumes_from_memory_and_the_new_node_receives_the_state(
@@ -132,33 +156,10 @@ def test_a_world_that_grew_resumes_from_memory_and_the_new_node_receives_the_sta
     steps later their state equals, bit for bit, a two-rank resume from a durable
     checkpoint of that step."""
     job = "grown"
-    on = {"every_steps": 1000, "memory_every_steps": 1}
-    truth = make_spec(train={**ZERO1, "steps": 40}, checkpoint={"every_steps": 1, "keep": 40})
-    ranks = launch(truth, job_id=f"{job}-truth", world_size=1, per_rank_env=node_env("node-a"))
-    assert ranks.wait() == [0], ranks.log(0)
-    alone = make_spec(train={**ZERO1, "steps": 40}, checkpoint={**on, "dir": job})
-    ranks = launch(alone, job_id=job, world_size=1, per_rank_env=node_env("node-a"))
-    deadline = time.monotonic() + 120
-    while (sealed_step(job, "node-a") or 0) < 5:
-        assert time.monotonic() < deadline and ranks.procs[0].poll() is None, ranks.log(0)
-        time.sleep(0.05)
-    ranks.signal(signal.SIGKILL)
-    ranks.wait(30)
-    step = sealed_step(job, "node-a")
-    assert step is not None and step >= 5
+    truth(launch, make_spec, job, "node-a")
+    step = killed_once_sealed(launch, make_spec, job, "node-a")
     assert not (SHM / memory_store_name(job) / "node-c").exists()  # nothing there to read
-    grown = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": job})
-    ranks = launch(grown, job_id=job, per_rank_env=node_env("node-a", "node-c"))
-    assert ranks.wait() == [0, 0], ranks.log(1)
-    for rank in (0, 1):
-        resumed = ranks.events(rank, "resumed_from")
-        assert resumed and resumed[0]["tier"] == "memory" and resumed[0]["step"] == str(step)
-    # the peer: the same step from a durable checkpoint, at the same world of two
-    shutil.copytree(tmp_path / "ckpt" / f"step-{step}", tmp_path / "durable" / f"step-{step}")
-    peer = make_spec(train={**ZERO1, "steps": step + 2}, checkpoint={**on, "dir": "durable"})
-    ranks = launch(peer, job_id=f"{job}-durable", per_rank_env=node_env("node-a", "node-c"))
-    assert ranks.wait() == [0, 0], ranks.log(0)
-    resumed = ranks.events(0, "resumed_from")
-    assert resumed and resumed[0]["tier"] == "durable" and resumed[0]["step"] == str(step)
-    after = f"step-{step + 2}"
-    assert_same_state(tmp_path / job / after, tmp_path / "durable" / after)
+    ranks = resume_on(launch, make_spec, job, step + 2, "node-a", "node-c")
+    assert_resumed(ranks, "memory", step, 2)
+    nodes = ("node-a", "node-c")
+    assert_as_from_a_durable_checkpoint(tmp_path, launch, make_spec, job, step, *nodes)

@@ -16,6 +16,7 @@ from dcp_files import read_dcp
 
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
+from ringmaster.procs import wait_until
 from trainer import durable
 from trainer.checkpoint import default_staging_dir
 from trainer.coordination import Coordination, find_resumable, load_file
@@ -231,10 +232,7 @@ def test_sigterm_exits_quickly_nonzero_and_drops_staged_copies(
     staging = default_staging_dir(launch.job_id, tmp_path)
     # A rank re-stages every second step (its dir is dropped and made again), so one look
     # may fall between the two: wait until both ranks' copies are seen at once.
-    deadline = time.monotonic() + 15
-    while sorted(p.name for p in staging.iterdir()) != ["rank-0", "rank-1"]:
-        assert time.monotonic() < deadline, sorted(p.name for p in staging.iterdir())
-        time.sleep(0.01)
+    wait_until(lambda: sorted(p.name for p in staging.iterdir()) == ["rank-0", "rank-1"], 15)
     ranks.signal(signal.SIGTERM)
     start = time.monotonic()
     assert ranks.wait(timeout=15) == [143, 143]
