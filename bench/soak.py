@@ -52,6 +52,7 @@ from bench.soak_plan import (
     Planned,
     actions,
     back_to_training,
+    cost,
     parser,
     reaction,
     schedule,
@@ -156,6 +157,7 @@ class Soak:
             "target": ctx["target"],
             "said": said,
             "restarts_before": record.get("restarts"),
+            "goodput_before": record.get("goodput"),
             "ctx": ctx,
         }
 
@@ -188,6 +190,7 @@ class Soak:
             until=until,
             restarts_after=restarts_after,
             restarted=restarted,
+            cost=cost(fault.pop("goodput_before"), self.record.get("goodput")),
             then=fault["ctx"].get("then", []),
         )
         fault["ctx"]["closed"] = True

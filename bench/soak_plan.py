@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -131,6 +131,31 @@ def back_to_training(
             None if restarted else next((round(t - at, 1) for t in steps if at < t < until), None)
         )
     return next((round(t - at, 1) for t in steps if t > start), None)
+
+
+def cost(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> dict[str, float]:
+    """GPU-seconds each bucket but ``productive`` gained from the ledger ``before`` a fault
+    to the ledger ``after`` it (read as the next fault came): what the window cost. A
+    bucket that shrank (a stall moved to ``checkpoint_stall``) counts as nothing."""
+    if not before or not after:
+        return {}
+    gained = {k: round(v - before.get(k, 0.0), 1) for k, v in after.items() if k != "productive"}
+    return {k: v for k, v in gained.items() if v > 0}
+
+
+def cost_by_fault(
+    faults: Sequence[Mapping[str, object]],
+) -> list[tuple[str, float, dict[str, float]]]:
+    """Each fault kind's windows' costs summed, bucket by bucket, the dearest kind first:
+    (kind, GPU-s in all, GPU-s per bucket)."""
+    sums: dict[str, dict[str, float]] = {}
+    for fault in faults:
+        spent = fault.get("cost")
+        into = sums.setdefault(str(fault["fault"]), {})
+        for bucket, gpu_s in (spent if isinstance(spent, dict) else {}).items():
+            into[bucket] = round(into.get(bucket, 0.0) + gpu_s, 1)
+    totals = [(kind, round(sum(b.values()), 1), b) for kind, b in sums.items()]
+    return sorted(totals, key=lambda t: (-t[1], t[0]))
 
 
 def longest_stall(

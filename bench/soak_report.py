@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench.cluster_harness import read_records
-from bench.soak_plan import STUCK_S, longest_stall
+from bench.soak_plan import STUCK_S, cost_by_fault, longest_stall
 
 if TYPE_CHECKING:
     from bench.soak import Soak
@@ -41,6 +41,11 @@ def report(soak: Soak, faults: list[dict[str, Any]], args: Any) -> dict[str, Any
             f"{f['restarts_after']}, back to training {back}"
         )
     print("goodput (GPU-s): " + ", ".join(f"{k} {v:.1f}" for k, v in goodput.items()))
+    out["cost_by_fault"] = cost_by_fault(faults)
+    print("not productive, by the fault whose window it fell in (GPU-s):")
+    for kind, gpu_s, buckets in out["cost_by_fault"]:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(buckets.items(), key=lambda i: -i[1]))
+        print(f"  {kind:13} {gpu_s:6.1f}" + (f"  ({parts})" if parts else ""))
     share = out["productive_share"]
     print(f"productive share: {'-' if share is None else f'{100 * share:.1f} %'}")
     print(

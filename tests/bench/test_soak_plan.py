@@ -11,6 +11,8 @@ from bench.soak_plan import (
     MIX,
     actions,
     back_to_training,
+    cost,
+    cost_by_fault,
     longest_stall,
     parser,
     reaction,
@@ -77,6 +79,27 @@ def test_back_to_training_is_the_first_step_of_the_attempt_the_fault_caused() ->
     # the restart's attempt has not started yet: not back, whatever the doomed one does
     assert back_to_training([0.0], steps, 10.0, 30.0, restarted=True) is None
     assert back_to_training(starts, [1.0], 10.0, 30.0, restarted=True) is None
+
+
+def test_a_faults_cost_is_what_each_bucket_but_productive_gained_until_the_next() -> None:
+    before = {"productive": 100.0, "recovery": 10.0, "paused": 5.0, "checkpoint_stall": 2.0}
+    after = {"productive": 150.0, "recovery": 14.5, "paused": 5.0, "checkpoint_stall": 1.0}
+    assert cost(before, {**after, "lost_work": 3.0}) == {"recovery": 4.5, "lost_work": 3.0}
+    assert cost(None, after) == {} and cost(before, {}) == {}
+
+
+def test_the_costs_are_summed_by_fault_kind_dearest_first() -> None:
+    faults = [
+        {"fault": "hang", "cost": {"recovery": 8.0}},
+        {"fault": "rank-kill", "cost": {"recovery": 2.0, "lost_work": 0.5}},
+        {"fault": "hang", "cost": {"recovery": 7.0, "lost_work": 1.0}},
+        {"fault": "nvme-spike", "cost": {}},
+    ]
+    assert cost_by_fault(faults) == [
+        ("hang", 16.0, {"recovery": 15.0, "lost_work": 1.0}),
+        ("rank-kill", 2.5, {"recovery": 2.0, "lost_work": 0.5}),
+        ("nvme-spike", 0.0, {}),
+    ]
 
 
 def test_the_longest_stall_skips_stretches_when_the_job_was_paused_or_waiting() -> None:
