@@ -28,6 +28,9 @@ from typing import Any
 import msgspec
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.snapshot_cost import in_run_ratio, snapshot_steps
 from proto.job import JobSpec
 from proto.progress import Finished, StepDone
 from trainer.control import StepControl
@@ -203,12 +206,14 @@ def memory_cost(root: Path, steps: int, rounds: int) -> None:
     mean time between consecutive StepDone reports after the first fifth (a mean, not a
     median: a snapshot every few steps is exactly what a median would hide). Each round
     runs the job once with the tier and once without, back to back; the figure is the
-    median of the rounds' ratios, beside the cadence and snapshot cost rank 0 logged."""
+    median of the rounds' ratios, beside the cadence and snapshot cost rank 0 logged, and
+    the same ratio read from within each run with the tier (``bench/snapshot_cost.py``),
+    which launch-to-launch noise does not reach."""
     base = spec("fp8", steps, "deepspeed")
     train = msgspec.structs.replace(
         base.train, fp8_recipe="tensorwise", micro_batch_size=4, zero_stage=1
     )
-    ratios, logged = [], []
+    ratios, in_run, logged = [], [], []
     for i in range(rounds):
         mean_s = {}
         for label, on in (("on", True), ("off", False)):
@@ -218,6 +223,8 @@ def memory_cost(root: Path, steps: int, rounds: int) -> None:
             done = run_job(workdir, job, {})[steps // 5 :]
             mean_s[label] = (done[-1].time - done[0].time) / (len(done) - 1)
             if on:
+                snaps = snapshot_steps([d.memory_step for d in done])
+                in_run.append(in_run_ratio([d.step for d in done], [d.time for d in done], snaps))
                 lines = (workdir / "rank-0.log").read_text().splitlines()
                 logged += [ln for ln in lines if "event=memory_tier step=" in ln][-1:]
                 logged += [ln for ln in lines if "event=finished" in ln][-1:]
@@ -226,6 +233,11 @@ def memory_cost(root: Path, steps: int, rounds: int) -> None:
         f"step time with the memory tier / without: {statistics.median(ratios):.3f} "
         f"(median of {rounds} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; tiny "
         f"deepspeed ZeRO-1 fp8 tensorwise, micro_batch 4 x seq 128, {steps} steps a run)"
+    )
+    print(
+        f"the same from within each run with the tier (steps near a snapshot against the "
+        f"others): {statistics.median(in_run):.3f} "
+        f"(rounds: {', '.join(f'{r:.3f}' for r in in_run)})"
     )
     for line in logged[-2:]:
         print("  rank 0:", line.split("event=", 1)[-1])

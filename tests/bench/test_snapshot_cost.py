@@ -1,0 +1,42 @@
+"""The in-run cost of the memory tier (``bench/snapshot_cost.py``): arithmetic only."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.snapshot_cost import in_run_ratio, snapshot_steps
+
+
+def _run(slow: dict[int, float], n: int = 40, step_s: float = 0.1) -> tuple[list[int], list[float]]:
+    steps, times, t = [], [], 0.0
+    for k in range(n):
+        t += step_s + slow.get(k, 0.0)
+        steps.append(k)
+        times.append(t)
+    return steps, times
+
+
+def test_the_snapshots_are_each_newest_sealed_step_once() -> None:
+    assert snapshot_steps([None, None, 10, 10, 10, 20, 20, None]) == [10, 20]
+
+
+def test_the_time_a_snapshot_adds_to_the_steps_after_it_is_its_cost() -> None:
+    # snapshots after steps 10 and 20 each add 50 ms to the next interval and 30 to the one
+    # after: 160 ms over 39 intervals of 100 ms
+    steps, times = _run({11: 0.05, 12: 0.03, 21: 0.05, 22: 0.03})
+    assert in_run_ratio(steps, times, [10, 20]) == pytest.approx(1 + 0.16 / 3.9)
+
+
+def test_no_extra_time_costs_nothing_and_slow_steps_far_from_snapshots_do_not_count() -> None:
+    steps, times = _run({})
+    assert in_run_ratio(steps, times, [10, 20, 30]) == pytest.approx(1.0)
+    steps, times = _run({18: 0.2})  # a hiccup in the second half of a cycle
+    assert in_run_ratio(steps, times, [10, 20, 30]) == pytest.approx(1.0)
+
+
+def test_too_few_snapshots_or_one_every_step_are_refused() -> None:
+    steps, times = _run({})
+    with pytest.raises(ValueError, match="fewer than two"):
+        in_run_ratio(steps, times, [10])
+    with pytest.raises(ValueError, match="every step"):
+        in_run_ratio(steps, times, list(range(5, 30)))
