@@ -79,13 +79,16 @@ def began_training(job: JobRecord, at: float, now: float) -> None:
     job.last_step_at, job.stalled_gpu_s = at, 0.0
 
 
-def stepped(job: JobRecord, at: float, now: float) -> None:
-    """A step finished at ``at``, reported at ``now``: of what was charged as a stall
-    since the previous step, only the gap between the two steps past the threshold is
-    one; the rest was training whose reports were late."""
+def stepped(job: JobRecord, at: float, now: float, steps: int = 1) -> None:
+    """A step finished at ``at``, reported at ``now``, ``steps`` after the previous report's
+    (reports lost or dropped between two leaders leave more than one): of what was charged
+    as a stall since that report, only what the interval holds beyond those steps at the
+    job's step time, past the threshold, is one; the rest was training whose reports were
+    late or never came."""
     account(job, now)
     if job.last_step_at is not None and job.stalled_gpu_s > 0:
-        gap = max(0.0, at - job.last_step_at - stall_threshold(job)) * job.world_size
+        trained = max(0, steps - 1) * (job.step_s or 0.0)
+        gap = max(0.0, at - job.last_step_at - trained - stall_threshold(job)) * job.world_size
         _move(job, job.stalled_gpu_s - gap, "recovery", "productive")
     job.last_step_at, job.stalled_gpu_s = max(at, job.last_step_at or at), 0.0
 

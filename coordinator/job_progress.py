@@ -51,7 +51,7 @@ class ProgressInputs:
     _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
     _slow_window: dict[tuple[str, int], set[int]]  # ranks slow in the attempt's last window
     _checkpoint_began: dict[str, tuple[int, float]]  # periodic checkpoint: step, monotonic
-    _arrival: dict[str, tuple[int, float]]  # each job's newest step and when it came
+    _stamped: dict[str, tuple[int, float]]  # each job's newest step and its stamp
 
     async def apply(self, job: JobRecord | None, action: policy.Action) -> None:
         raise NotImplementedError
@@ -89,20 +89,20 @@ class ProgressInputs:
         self._dirty.add(job.id)
         match msg:
             case StepDone(step=step, loss=loss):
-                # productive wall time per step: between consecutive steps' arrivals
-                now_m, last = time.monotonic(), self._arrival.get(job.id)
-                between = now_m - last[1] if last and last[0] == step - 1 else None
-                self._arrival[job.id] = (step, now_m)
-                observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
-                self._stepped_at[job.id] = now_m
+                # productive wall time per step: between consecutive steps' stamps (their
+                # arrivals bunch up after a frozen bus or a leader change)
                 now = time.time()
-                at = stamp(msg.time, now)
+                at, last = stamp(msg.time, now), self._stamped.get(job.id)
+                between = at - last[1] if last and last[0] == step - 1 else None
+                self._stamped[job.id] = (step, at)
+                observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
+                self._stepped_at[job.id] = time.monotonic()
                 if step % job.spec.checkpoint.every_steps == 0:
                     self._checkpoint_began[job.id] = (step, time.monotonic())
                 if job.state is JobState.STARTING:
                     began_training(job, at, now)
                 else:
-                    stepped(job, at, now)
+                    stepped(job, at, now, step - job.step)
                 if job_machine.fire(job, job_machine.Input.TRAINING) is not None:
                     job.first_step_at = job.first_step_at or now
                     if job.restarts:
@@ -114,7 +114,7 @@ class ProgressInputs:
                 if msg.compile_s is not None:
                     job.compile_s = msg.compile_s
             case Paused(step=step):
-                self._arrival.pop(job.id, None)  # the pause is not a step's time
+                self._stamped.pop(job.id, None)  # the pause is not a step's time
                 if job_machine.fire(job, job_machine.Input.PAUSED) is None:
                     return
                 job.step = max(job.step, step)

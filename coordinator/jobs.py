@@ -81,7 +81,7 @@ class JobManager(ProgressInputs):
         self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
         self._slow_window: dict[tuple[str, int], set[int]] = {}  # ranks slow, last window
         self._checkpoint_began: dict[str, tuple[int, float]] = {}
-        self._arrival: dict[str, tuple[int, float]] = {}
+        self._stamped: dict[str, tuple[int, float]] = {}
         self._dirty: set[str] = set()
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._exited_at: dict[tuple[str, int], float] = {}

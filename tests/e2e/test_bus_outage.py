@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from cli_harness import Ctl
+from ledger_truth import attempts, truth
 
 from coordinator.ctl.home import pid_file
 from ringmaster.procs import read_pid
@@ -63,3 +64,10 @@ def test_a_bus_outage_is_no_node_loss_even_when_the_leader_dies_in_it(
     assert leaders[-1]["epoch"] > leader["epoch"]
     kinds = {e["kind"] for e in ctl.events("--job", job)}
     assert "job.recovering" not in kinds and "job.restarted" not in kinds
+
+    # the ranks trained through both outages: the ledger charges neither as recovery,
+    # though a leader that came back from the freeze may have taken reports it could
+    # not record before it stepped down (a second per outage for late deliveries)
+    ranks = truth(attempts(ctl.home, job), final["started_at"])
+    recovery_s = final["goodput"]["recovery"] / final["world_size"]
+    assert recovery_s <= ranks["recovery"] + 2.0, f"{recovery_s:.1f} s vs {ranks['recovery']:.1f}"
