@@ -21,8 +21,9 @@ def in_run_ratio(steps: Sequence[int], times: Sequence[float], snapshots: Sequen
     """Step time with the snapshots over without, from one run: ``times[i]`` is when step
     ``steps[i]`` ended. The interval ending at step k is near the snapshot at s when
     s < k <= s + half the gap to the next snapshot (the last: to the one before); the
-    median of the other intervals is the run's step time without the tier, and what the
-    near ones took beyond it, summed, is what the snapshots cost."""
+    mean of the other intervals is the run's step time without the tier, and what the
+    near ones took beyond it, summed, is what the snapshots cost. A mean on both sides:
+    step times are skewed (a median baseline would charge the skew to the snapshots)."""
     intervals = {k: t - prev for k, t, prev in zip(steps[1:], times[1:], times, strict=False)}
     cuts = sorted(s for s in snapshots if s + 1 in intervals)
     if len(cuts) < 2:
@@ -36,6 +37,6 @@ def in_run_ratio(steps: Sequence[int], times: Sequence[float], snapshots: Sequen
     clean = [d for k, d in intervals.items() if k not in near]
     if max(gaps) < 2 or not clean:
         raise ValueError("snapshots every step leave no steps without one to compare with")
-    baseline = statistics.median(clean)
+    baseline = statistics.fmean(clean)
     excess = sum(d - baseline for k, d in intervals.items() if k in near)
     return 1 + excess / (baseline * len(intervals))
