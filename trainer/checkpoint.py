@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from proto.job import shm_staging_name
-from trainer import durable
+from trainer import durable, thread_cpu
 from trainer.coordination import Coordination, Figures
 from trainer.host_buffers import HostBuffers as HostBuffers  # re-exported for the benches
 
@@ -247,6 +247,11 @@ class Checkpointer:
         self.wait()
         self.discard_staging()
 
+    def _cpu_s(self) -> float:
+        """CPU time of this thread and of the checkpoint group's own threads: a memory
+        snapshot's background cost where it shares the cores with training."""
+        return time.thread_time() + thread_cpu.cpu_s(self.coord.threads)
+
     def discard_staging(self) -> None:
         """Drop this rank's staged copy (and the job's staging dir once it is empty)."""
         shutil.rmtree(self.staging, ignore_errors=True)
@@ -256,7 +261,7 @@ class Checkpointer:
     def _persist(
         self, step: int, figures: Figures, objects: dict[str, Any], durable_too: bool
     ) -> None:
-        began, cpu = time.monotonic(), time.thread_time()
+        began, cpu = time.monotonic(), self._cpu_s()
         step_dir = self.root / durable.step_dir_name(step)
         entries = figures.entries
         if not durable_too and self.memory is not None and self.memory.cadence.contended:
@@ -294,7 +299,7 @@ class Checkpointer:
             if not durable_too:
                 self.memory_figures = gathered
                 self._background_s = time.monotonic() - began
-                self._background_cpu_s = time.thread_time() - cpu
+                self._background_cpu_s = self._cpu_s() - cpu
         if not durable_too:
             return
         if self.coord.rank == 0:

@@ -22,6 +22,7 @@ class Coordination:
     rank: int = 0
     world_size: int = 1
     group: dist.ProcessGroup | None = None
+    threads: frozenset[int] = frozenset()  # the group's own threads (trainer.thread_cpu)
 
     def all_gather(self, item: Any) -> list[Any]:
         if self.world_size == 1:
@@ -53,7 +54,7 @@ class Figures:
     entries: dict[str, durable.FileEntry] | None  # None: this rank failed to write
     stall_s: float = 0.0  # the loop was blocked this long
     previous_s: float = 0.0  # the previous memory snapshot's background work, end to end
-    previous_cpu_s: float = 0.0  # the CPU time that work took (its thread's)
+    previous_cpu_s: float = 0.0  # the CPU time that work took (its thread's and the group's)
     step_s: float = 0.0  # the rank's recent step time
     free_bytes: int = 0  # free in the memory store's filesystem
 

@@ -60,6 +60,7 @@ from trainer.precision import count_float8_linears
 from trainer.presets import ModelConfig, get_preset
 from trainer.probe import StepProbe
 from trainer.sim_knobs import SimKnobsReader
+from trainer.thread_cpu import started_by
 
 # Explicit, and long: a rank legitimately waits in a collective while a peer stages a
 # large checkpoint. Pauses never hold a collective open (see trainer.control).
@@ -115,8 +116,8 @@ def _init_process_group(launch: Launch, device: torch.device) -> Coordination:
         )
     else:
         dist.init_process_group(backend, init_method="env://", timeout=PG_TIMEOUT)
-    group = dist.new_group(backend="gloo", timeout=PG_TIMEOUT)
-    return Coordination(launch.rank, launch.world_size, group)
+    group, threads = started_by(lambda: dist.new_group(backend="gloo", timeout=PG_TIMEOUT))
+    return Coordination(launch.rank, launch.world_size, group, threads)
 
 
 def _engine(
