@@ -153,24 +153,24 @@ def test_a_real_gap_between_the_stamps_stays_a_stall() -> None:
     assert j.goodput["productive"] == pytest.approx(4.0 * 4)
 
 
-def test_reports_that_never_came_are_no_stall_when_the_step_count_says_so() -> None:
-    # a leader change acked the reports of a frozen bus's thaw, and their word was lost
-    # with the old leader: the next report comes 120 steps on, 12.1 s after the last seen
+@pytest.mark.parametrize(
+    ("silent_until", "at", "steps", "stall_s"),
+    [
+        # a leader change took the reports of a frozen bus's thaw and lost their word: the
+        # next report comes 120 steps on, 12.1 s after the last one seen, and fills it all
+        (112.5, 112.1, 120, 0.0),
+        # 10 steps at 0.1 s in 9 s: 8.1 s had no step, 5.1 of it past the threshold
+        (109.0, 109.0, 10, 5.1),
+    ],
+)
+def test_what_the_steps_since_the_last_report_cannot_fill_stays_a_stall(
+    silent_until: float, at: float, steps: int, stall_s: float
+) -> None:
     j = job(JobState.RUNNING, step_s=0.1)
     account(j, 100.0)
     stepped(j, 100.0, 100.0)
-    account(j, 112.5)
-    assert j.goodput["recovery"] == pytest.approx((12.5 - 3.0) * 4)
-    stepped(j, 112.1, 112.5, steps=120)
-    assert j.goodput["recovery"] == pytest.approx(0.0)
-    assert j.goodput["productive"] == pytest.approx(12.5 * 4)
-
-
-def test_a_stall_followed_by_steps_keeps_what_the_steps_cannot_fill() -> None:
-    # 10 steps at 0.1 s in a 9 s interval: 8.1 s of it had no step, 5.1 past the threshold
-    j = job(JobState.RUNNING, step_s=0.1)
-    account(j, 100.0)
-    stepped(j, 100.0, 100.0)
-    account(j, 109.0)
-    stepped(j, 109.0, 109.0, steps=10)
-    assert j.goodput["recovery"] == pytest.approx(5.1 * 4)
+    account(j, silent_until)
+    assert j.goodput["recovery"] == pytest.approx((silent_until - 100.0 - 3.0) * 4)
+    stepped(j, at, silent_until, steps=steps)
+    assert j.goodput["recovery"] == pytest.approx(stall_s * 4)
+    assert j.goodput["productive"] == pytest.approx((silent_until - 100.0 - stall_s) * 4)
