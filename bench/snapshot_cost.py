@@ -24,7 +24,8 @@ def in_run_ratio(steps: Sequence[int], times: Sequence[float], snapshots: Sequen
     mean of the other intervals is the run's step time without the tier, and what the
     near ones took beyond it, summed, is what the snapshots cost. A mean on both sides:
     step times are skewed (a median baseline would charge the skew to the snapshots)."""
-    intervals = {k: t - prev for k, t, prev in zip(steps[1:], times[1:], times, strict=False)}
+    ends = itertools.pairwise(zip(steps, times, strict=True))
+    intervals = {k: t - prev for (_, prev), (k, t) in ends}
     cuts = sorted(s for s in snapshots if s + 1 in intervals)
     if len(cuts) < 2:
         raise ValueError("fewer than two snapshots in the run: nothing to compare")

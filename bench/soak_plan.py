@@ -15,6 +15,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import Any
 
 REPAIR_S = 25.0  # a lost node comes back this long after it died
 FREEZE_S = 12.0  # the bus stays frozen this long
@@ -143,16 +144,13 @@ def cost(before: Mapping[str, float] | None, after: Mapping[str, float] | None) 
     return {k: v for k, v in gained.items() if v > 0}
 
 
-def cost_by_fault(
-    faults: Sequence[Mapping[str, object]],
-) -> list[tuple[str, float, dict[str, float]]]:
+def cost_by_fault(faults: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, dict[str, float]]]:
     """Each fault kind's windows' costs summed, bucket by bucket, the dearest kind first:
     (kind, GPU-s in all, GPU-s per bucket)."""
     sums: dict[str, dict[str, float]] = {}
     for fault in faults:
-        spent = fault.get("cost")
-        into = sums.setdefault(str(fault["fault"]), {})
-        for bucket, gpu_s in (spent if isinstance(spent, dict) else {}).items():
+        into = sums.setdefault(fault["fault"], {})
+        for bucket, gpu_s in (fault.get("cost") or {}).items():
             into[bucket] = round(into.get(bucket, 0.0) + gpu_s, 1)
     totals = [(kind, round(sum(b.values()), 1), b) for kind, b in sums.items()]
     return sorted(totals, key=lambda t: (-t[1], t[0]))

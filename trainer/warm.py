@@ -40,12 +40,12 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NoReturn
 
 import msgspec
 
 from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, READY, STARTED, WarmLaunch
+from trainer.thread_cpu import task_ids
 
 Main = Callable[[Sequence[str]], int]
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -154,9 +154,9 @@ def _apply(launch: WarmLaunch) -> int:
         available = os.sched_getaffinity(0)
         chosen = {c for c in launch.cpus if c in available} or available
         # sched_setaffinity(0) is the calling thread only; imports may have started others
-        for task in Path("/proc/self/task").iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                os.sched_setaffinity(int(task.name), chosen)
+        for tid in task_ids():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, chosen)
     return fd
 
 
