@@ -224,7 +224,12 @@ def memory_cost(root: Path, steps: int, rounds: int) -> None:
             mean_s[label] = (done[-1].time - done[0].time) / (len(done) - 1)
             if on:
                 snaps = snapshot_steps([d.memory_step for d in done])
-                in_run.append(in_run_ratio([d.step for d in done], [d.time for d in done], snaps))
+                try:
+                    in_run.append(
+                        in_run_ratio([d.step for d in done], [d.time for d in done], snaps)
+                    )
+                except ValueError as exc:  # too few snapshots in the run to compare
+                    print(f"round {i}: no in-run figure: {exc}")
                 lines = (workdir / "rank-0.log").read_text().splitlines()
                 logged += [ln for ln in lines if "event=memory_tier step=" in ln][-1:]
                 logged += [ln for ln in lines if "event=finished" in ln][-1:]
@@ -234,11 +239,12 @@ def memory_cost(root: Path, steps: int, rounds: int) -> None:
         f"(median of {rounds} rounds: {', '.join(f'{r:.3f}' for r in ratios)}; tiny "
         f"deepspeed ZeRO-1 fp8 tensorwise, micro_batch 4 x seq 128, {steps} steps a run)"
     )
-    print(
-        f"the same from within each run with the tier (steps near a snapshot against the "
-        f"others): {statistics.median(in_run):.3f} "
-        f"(rounds: {', '.join(f'{r:.3f}' for r in in_run)})"
-    )
+    if in_run:
+        print(
+            f"the same from within each run with the tier (steps near a snapshot against "
+            f"the others): {statistics.median(in_run):.3f} "
+            f"(rounds: {', '.join(f'{r:.3f}' for r in in_run)})"
+        )
     for line in logged[-2:]:
         print("  rank 0:", line.split("event=", 1)[-1])
 
