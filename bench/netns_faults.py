@@ -19,6 +19,12 @@ fault in ``--faults`` ``--repeats`` times, once the job has trained 20 steps sin
 - ``data``: ``inject <second node> link-down=data`` (the host side of its ``data0`` veth
   down: carrier lost). Also timed: the agent's ``net.link`` and ``job.restarted``. A
   drained node stays drained.
+- ``loss``: ``inject <second node> netem=data:loss=<--loss>%`` for ``--hold`` s, then
+  ``clear`` (on a kernel without the netem qdisc, an nftables rule drops that share of
+  what the node sends). Its collectives slow every rank alike; the job must train on,
+  with no restart and no ``worker.hung``. Also timed: the node's ``net.retrans``, and
+  the median seconds per step (rank 0's) in the 20 steps before against those while the
+  loss held.
 
 Seconds run from the moment ``inject`` returns (the fault is its last act) to events'
 own timestamps and to the first training step after the fault in the ranks' own logs
@@ -31,7 +37,9 @@ behind.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,11 +53,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cluster_harness import TINY, Ctl, newest_step, read_records, recovered, wait_for
+from bench.cluster_harness import (
+    TINY,
+    Ctl,
+    Record,
+    newest_step,
+    read_records,
+    recovered,
+    wait_for,
+)
 from coordinator.ctl import netns as ns
 
-FAULTS = ("ctl", "partition", "data")
-SPARE = {"ctl": 0, "partition": 1, "data": 1}  # nodes each round leaves out for good
+FAULTS = ("ctl", "partition", "data", "loss")
+SPARE = {"ctl": 0, "partition": 1, "data": 1, "loss": 0}  # nodes each round leaves out for good
 
 
 @dataclass
@@ -157,11 +173,60 @@ def ctl_round(ctl: Ctl, job: str, cap: float, hold: float) -> Round:
     )
 
 
+def step_seconds(records: list[Record], start: float, end: float) -> float | None:
+    """The median seconds between rank 0's consecutive steps logged in [start, end]."""
+    walls = [
+        r.wall for r in records if r.event == "step" and r.rank == 0 and start <= r.wall <= end
+    ]
+    gaps = [b - a for a, b in itertools.pairwise(walls)]
+    return round(statistics.median(gaps), 3) if gaps else None
+
+
+def loss_round(ctl: Ctl, job: str, cap: float, hold: float, loss: float) -> Round:
+    """``loss``: the second node loses ``loss`` % of what it sends on data0 for ``hold`` s;
+    the job must train on through it."""
+    begun = time.time()
+    before = trained(ctl, job, 20, cap)
+    node = before["nodes"][1]
+    ctl("inject", node, f"netem=data:loss={loss:g}%")
+    fault_at = time.time()
+    time.sleep(hold)
+    ctl("inject", node, "clear")
+    cleared_at = time.time()
+    after = trained(ctl, job, 5, cap)
+    records = read_records(ctl.logs(job))
+    steps = [r for r in records if r.event == "step" and r.wall > fault_at]
+    events = since(ctl, fault_at, {"net.retrans": ("--node", node)})
+    hung = first_event(ctl, "worker.hung", fault_at, "--job", job)
+    events["worker_hung"] = 0.0 if hung is None or hung > cleared_at else round(hung - fault_at, 2)
+    for name, (start, end) in {
+        "step_s_before": (begun, fault_at),
+        "step_s_during": (fault_at, cleared_at),
+    }.items():
+        seconds = step_seconds(records, start, end)
+        if seconds is not None:
+            events[name] = seconds
+    events["steps_during"] = float(
+        len({int(r.fields["step"]) for r in steps if r.wall <= cleared_at})
+    )
+    return Round(
+        fault=f"{node} netem=data:loss={loss:g}% for {hold:g} s",
+        to_first_step_s=round(steps[0].wall - fault_at, 2) if steps else None,
+        restarts=after["restarts"] - before["restarts"],
+        figures=events,
+        steps_redone=0,
+        nodes_after=after["nodes"],
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, in order")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--hold", type=float, default=20.0, help="seconds ctl0 stays down")
+    p.add_argument(
+        "--hold", type=float, default=20.0, help="seconds ctl0 stays down, or loss holds"
+    )
+    p.add_argument("--loss", type=float, default=5.0, help="percent lost in the loss round")
     p.add_argument("--cap", type=float, default=120.0, help="seconds a round may take")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
@@ -178,6 +243,8 @@ def main() -> int:
             rounds = [
                 ctl_round(ctl, job, args.cap, args.hold)
                 if fault == "ctl"
+                else loss_round(ctl, job, args.cap, args.hold, args.loss)
+                if fault == "loss"
                 else restarting_round(ctl, job, args.cap, fault)
                 for fault in faults
             ]
@@ -209,6 +276,9 @@ def leftovers(prefix: str) -> list[str]:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     names = [line.split()[0] for line in spaces.splitlines()]
     names += [line.split(": ")[1].split("@")[0] for line in links.splitlines()]
+    if shutil.which("nft"):  # the loss round's table
+        nft = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        names += [line.split()[-1] for line in nft.splitlines() if line.strip()]
     return [name for name in names if name.startswith(prefix)]
 
 

@@ -136,6 +136,17 @@ class NetworkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     error_rise: Count = 100
     window_s: Positive = 60.0
     watch_virtual: bool = False  # flaps and errors on veth, bridges, ifb too
+    # net.retrans (warning): TCP sent again retrans_ratio or more of the segments it sent
+    # within retrans_window_s, having sent at least retrans_min_segs there (a few lost
+    # segments of an idle node are no evidence); closes once a whole window stays under.
+    # Healthy data-centre paths retransmit well under 0.1 %.
+    retrans_ratio: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.01
+    retrans_min_segs: Count = 1000
+    retrans_window_s: Positive = 10.0
+    # where the TCP collector reads net/snmp; unset: the agent's procfs. /proc/net is the
+    # reading process's network namespace: a simulated node in a namespace of its own
+    # (coordinatorctl up --netns) has its real TCP counters in /proc
+    tcp_procfs: str | None = None
     # rdma.port (warning) for a port out of ACTIVE/LinkUp: only ports seen up since the
     # agent started ("seen_active": an uncabled port is no fault), or every port ("all")
     rdma_watch: Literal["seen_active", "all"] = "seen_active"

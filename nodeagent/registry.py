@@ -27,6 +27,7 @@ from nodeagent.collectors.preemption import PreemptionCollector
 from nodeagent.collectors.preflight import PreflightCollector, PreflightSample, SpaceNeed
 from nodeagent.collectors.rdma import RdmaCollector
 from nodeagent.collectors.sysctl import SOMAXCONN, Tunable, may_fix
+from nodeagent.collectors.tcp import TcpCollector
 from nodeagent.config import AgentConfig, resolve_data_interface
 from nodeagent.detectors.base import Detector
 from nodeagent.detectors.clock import ClockDriftDetector
@@ -38,6 +39,7 @@ from nodeagent.detectors.nvme_readonly import NvmeReadonlyDetector
 from nodeagent.detectors.pcie import GpuPcieDetector
 from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.detectors.preflight import PreflightDetector
+from nodeagent.detectors.retrans import TcpRetransDetector
 
 S = TypeVar("S", bound=Sample)
 
@@ -130,8 +132,10 @@ def _network(config: AgentConfig) -> list[Registered[Any]]:
     roots, node, net = config.roots(), config.node, config.network
     data = resolve_data_interface(net, roots)
     nic = replace(roots, sysfs=Path(net.nic_sysfs)) if net.nic_sysfs else roots
+    tcp = replace(roots, procfs=Path(net.tcp_procfs)) if net.tcp_procfs else roots
     return [
         Registered(NicCollector(nic, net.interval_s), [NicLinkDetector(node, net, data)]),
+        Registered(TcpCollector(tcp, net.interval_s), [TcpRetransDetector(node, net)]),
         Registered(RdmaCollector(roots, net.interval_s), [RdmaPortDetector(node, net)]),
     ]
 

@@ -43,6 +43,8 @@ class ConditionKind(enum.StrEnum):
     NET_LINK = "net.link"  # subject: the data interface; critical: its link is down
     NET_FLAP = "net.flap"  # subject: interface; value: carrier changes in the window
     NET_ERRORS = "net.errors"  # subject: interface; value: rx+tx errors in the window
+    # node-wide; value: TCP's retransmitted share of segments sent in the window
+    NET_RETRANS = "net.retrans"
     RDMA_PORT = "rdma.port"  # subject: "device/port", e.g. "mlx5_0/1"
     # subject: a peer node of a job here that this node cannot reach over the data
     # network (info: advisory on the reporter; the coordinator weighs every node's word)
@@ -57,6 +59,7 @@ LINK_KINDS = frozenset(
         ConditionKind.NET_LINK,
         ConditionKind.NET_FLAP,
         ConditionKind.NET_ERRORS,
+        ConditionKind.NET_RETRANS,
         ConditionKind.RDMA_PORT,
     }
 )

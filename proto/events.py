@@ -172,6 +172,18 @@ class NetErrors(EventBase, tag="net.errors"):
     recovered: bool = False
 
 
+class NetRetrans(EventBase, tag="net.retrans"):
+    """TCP on this node sent ``retrans_segs`` of its ``out_segs`` segments again within
+    ``window_s``, a share of ``ratio`` at or over the threshold (warning): its path loses
+    packets. ``recovered``: under the threshold over a whole window again."""
+
+    retrans_segs: int = 0
+    out_segs: int = 0
+    ratio: float = 0.0
+    window_s: float = 0.0
+    recovered: bool = False
+
+
 class RdmaPort(EventBase, tag="rdma.port"):
     """An RDMA port left ACTIVE/LinkUp (warning) or came back (``up`` true)."""
 
@@ -386,6 +398,7 @@ Event = (
     | NetPeer
     | NetFlap
     | NetErrors
+    | NetRetrans
     | RdmaPort
     | ClockDrift
     | ClockResynced

@@ -25,6 +25,14 @@ if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
         >/dev/null 2>&1 \
         || echo "ringmaster: chromium not installed; the report's browser test skips" >&2
 fi
+# nft (Debian's nftables) for inject's packet loss on kernels without the netem qdisc:
+# on the same terms.
+if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null && ! command -v nft >/dev/null; then
+    echo "ringmaster: installing Debian's nftables package (nft)" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        -o DPkg::Lock::Timeout=300 --no-install-recommends nftables; } >/dev/null 2>&1 \
+        || echo "ringmaster: nftables not installed; injected loss needs the netem qdisc" >&2
+fi
 stamp=.venv/.ringmaster-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then

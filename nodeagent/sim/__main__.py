@@ -96,8 +96,10 @@ def handle_inject(node: SimulatedNode, data: bytes) -> InjectReply:
 async def run(args: argparse.Namespace) -> None:
     host = args.netns_host or "127.0.0.1"
     services = {n: MetadataServer(host=host).start() for n in args.nodes}
-    # in a namespace the data link is real: the agent reads it where the kernel shows it
-    links = {"network": {"nic_sysfs": "/sys"}} if args.netns_host else None
+    # in a namespace the data link and TCP's counters are real: the agent reads them where
+    # the kernel shows them (/proc/net follows the namespace)
+    real = {"nic_sysfs": "/sys", "tcp_procfs": "/proc"}
+    links = {"network": real} if args.netns_host else None
     nodes = [
         SimulatedNode(args.root / n, n, args.nvme_devices, gpus=args.gpus, metadata=services[n])
         for n in args.nodes

@@ -37,6 +37,13 @@ SECTORS_PER_IO = 8  # 4 KiB I/Os in 512-byte sectors
 DATA_LINK = {"carrier": "1", "operstate": "up", "carrier_changes": "1"} | {
     f"statistics/{c}": "0" for c in ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
 }
+# TCP's counters of a node that has sent nothing yet: a node in a network namespace of its
+# own reads its real ones instead (``network.tcp_procfs``), which a loss fault moves
+TCP_SNMP = (
+    "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails "
+    "EstabResets CurrEstab InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors\n"
+    "Tcp: 1 200 120000 -1 0 0 0 0 0 0 0 0 0 0 0\n"
+)
 
 
 @dataclass
@@ -99,6 +106,7 @@ class SimulatedNode:
         # What preflight reads: a tuned backlog, and a /dev/shm (the tree's own disk).
         # Host settings a test or an operator laid down before the simulator started stay.
         _write_absent(self.roots.procfs / "sys" / "net" / "core" / "somaxconn", "65535\n")
+        _write_absent(self.roots.procfs / "net" / "snmp", TCP_SNMP)
         (root / "dev" / "shm").mkdir(parents=True, exist_ok=True)
         for name, value in DATA_LINK.items():
             _write_new(self.roots.sysfs / "class" / "net" / "data0" / name, f"{value}\n")

@@ -63,9 +63,15 @@ def test_a_link_down_elsewhere_does_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", [ConditionKind.NET_FLAP, ConditionKind.NET_ERRORS, ConditionKind.RDMA_PORT]
+    "kind",
+    [
+        ConditionKind.NET_FLAP,
+        ConditionKind.NET_ERRORS,
+        ConditionKind.NET_RETRANS,
+        ConditionKind.RDMA_PORT,
+    ],
 )
-def test_flaps_errors_and_rdma_ports_are_warnings_not_drains(kind: ConditionKind) -> None:
+def test_flaps_errors_loss_and_rdma_ports_are_warnings_not_drains(kind: ConditionKind) -> None:
     cond = Condition(kind=kind, node="node-1", subject="data0", reason="data0 +4 in 60 s")
     assert policy.on_condition(job(), cond) == []
 
@@ -103,6 +109,20 @@ def test_a_hang_in_a_collective_is_pinned_on_the_node_whose_link_is_faulty() -> 
     assert "node-1: data0 carrier changed 6 times in 60 s" in restart.reason
     assert restart.failure is not None
     assert (restart.failure.node, restart.failure.cause) == ("node-1", "network")
+
+
+def test_a_hang_in_a_collective_is_pinned_on_the_node_whose_tcp_retransmits() -> None:
+    lossy = Condition(
+        kind=ConditionKind.NET_RETRANS,
+        node="node-1",
+        severity=Severity.WARNING,
+        reason="TCP retransmitted 4.8% of 21034 segments sent in 10 s (limit 1.0%)",
+        value=0.048,
+        threshold=0.01,
+    )
+    [restart] = policy.decide(job(), waiting("node-0"), links={"node-1": [lossy]})
+    assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-1",)
+    assert "node-1: TCP retransmitted 4.8%" in restart.reason
 
 
 def test_without_link_evidence_no_node_is_blamed_for_a_collective_wait() -> None:

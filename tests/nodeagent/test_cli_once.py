@@ -25,6 +25,7 @@ EVERY = [
     "nvme_udev",
     "preemption",
     "rdma",
+    "tcp",
 ]
 
 
@@ -64,6 +65,7 @@ def test_this_machine(tmp_path: Path) -> None:
     assert got["preflight"]["ok"] and got["preflight"]["values"]["checks"][0]["name"] == "somaxconn"
     assert got["nvme_udev"]["values"]["source"] in ("kernel", "udev")
     assert got["nic"]["ok"] and got["nic"]["values"]["errors"] == {}
+    assert got["tcp"]["ok"] and got["tcp"]["values"]["out_segs"] >= 0
     if not Path("/sys/class/infiniband").exists():
         assert got["rdma"]["error"].startswith("unavailable: no RDMA devices")
 
@@ -82,6 +84,7 @@ def test_a_simulated_node(tmp_path: Path, nvml_cache: Path) -> None:
     assert got.pop("rdma")["error"].startswith("unavailable"), "a simulated node has no RDMA"
     assert all(v["ok"] for v in got.values()), {k: v["error"] for k, v in got.items()}
     assert got["nic"]["values"]["interfaces"]["data0"]["operstate"] == "up"
+    assert (got["tcp"]["values"]["out_segs"], got["tcp"]["values"]["retrans_segs"]) == (0, 0)
     assert len(got["gpu"]["values"]["gpus"]) == 8
     assert got["gpu_topology"]["values"]["matrix"][0][1] == "NV2"
     assert sorted(got["nvme"]["values"]["devices"]) == [f"nvme{i}n1" for i in range(4)]

@@ -52,6 +52,7 @@ def test_every_collector_is_registered_once() -> None:
         "gpu_topology",
         "clock",
         "nic",
+        "tcp",
         "rdma",
         "preemption",
     ]
