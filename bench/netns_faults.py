@@ -22,9 +22,9 @@ fault in ``--faults`` ``--repeats`` times, once the job has trained 20 steps sin
 - ``loss``: ``inject <second node> netem=data:loss=<--loss>%`` for ``--hold`` s, then
   ``clear`` (on a kernel without the netem qdisc, an nftables rule drops that share of
   what the node sends). Its collectives slow every rank alike; the job must train on,
-  with no restart and no ``worker.hung``. Also timed: the node's ``net.retrans``, and
-  the median seconds per step (rank 0's) in the 20 steps before against those while the
-  loss held.
+  with no restart and no ``worker.hung``. Also timed: the node's ``net.retrans``
+  opening and closing, and the median seconds per step (rank 0's) while the loss held
+  against as long before it and after ``clear``, the bench idle in all three.
 
 Seconds run from the moment ``inject`` returns (the fault is its last act) to events'
 own timestamps and to the first training step after the fault in the ranks' own logs
@@ -184,31 +184,39 @@ def step_seconds(records: list[Record], start: float, end: float) -> float | Non
 
 def loss_round(ctl: Ctl, job: str, cap: float, hold: float, loss: float) -> Round:
     """``loss``: the second node loses ``loss`` % of what it sends on data0 for ``hold`` s;
-    the job must train on through it."""
-    begun = time.time()
+    the job must train on through it. Step times are compared over three windows of
+    ``hold`` s in which this bench sits still (each ``coordinatorctl`` it runs is a Python
+    start that takes a core from training): before, during and after the loss."""
     before = trained(ctl, job, 20, cap)
     node = before["nodes"][1]
+    quiet_at = time.time()
+    time.sleep(hold)
     ctl("inject", node, f"netem=data:loss={loss:g}%")
     fault_at = time.time()
     time.sleep(hold)
     ctl("inject", node, "clear")
     cleared_at = time.time()
-    after = trained(ctl, job, 5, cap)
+    time.sleep(hold)
+    still_until = time.time()
+    closed = wait_for(lambda: first_event(ctl, "net.retrans", cleared_at, "--node", node), cap, 1)
+    after = ctl.status(job)
     records = read_records(ctl.logs(job))
     steps = [r for r in records if r.event == "step" and r.wall > fault_at]
     events = since(ctl, fault_at, {"net.retrans": ("--node", node)})
+    if closed is not None:
+        events["net.retrans_closed_after_clear"] = round(closed - cleared_at, 2)
     hung = first_event(ctl, "worker.hung", fault_at, "--job", job)
     events["worker_hung"] = 0.0 if hung is None or hung > cleared_at else round(hung - fault_at, 2)
     for name, (start, end) in {
-        "step_s_before": (begun, fault_at),
+        "step_s_before": (quiet_at, fault_at),
         "step_s_during": (fault_at, cleared_at),
+        "step_s_after": (cleared_at, still_until),
     }.items():
         seconds = step_seconds(records, start, end)
         if seconds is not None:
             events[name] = seconds
-    events["steps_during"] = float(
-        len({int(r.fields["step"]) for r in steps if r.wall <= cleared_at})
-    )
+    during = {int(r.fields["step"]) for r in steps if r.wall <= cleared_at}
+    events["steps_during"] = float(len(during))
     return Round(
         fault=f"{node} netem=data:loss={loss:g}% for {hold:g} s",
         to_first_step_s=round(steps[0].wall - fault_at, 2) if steps else None,
