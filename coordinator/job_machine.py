@@ -28,6 +28,7 @@ P, S, R, PA, C, RE = (
     JobState.RECOVERING,
 )
 DONE, FAILED, STOPPED = JobState.COMPLETED, JobState.FAILED, JobState.STOPPED
+LIVE = frozenset({S, R, PA, C})  # an attempt's ranks run (or are launching)
 
 
 class Input(enum.StrEnum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from coordinator import job_machine, policy
+from coordinator import actions, job_machine, policy, progress_policy
 from coordinator.goodput import (
     account,
     began_training,
@@ -53,7 +53,7 @@ class ProgressInputs:
     _checkpoint_began: dict[str, tuple[int, float]]  # periodic checkpoint: step, monotonic
     _stamped: dict[str, tuple[int, float]]  # each job's newest step and its stamp
 
-    async def apply(self, job: JobRecord | None, action: policy.Action) -> None:
+    async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
         raise NotImplementedError
 
     async def _at_risk_ahead(self, job: JobRecord) -> None:
@@ -145,7 +145,7 @@ class ProgressInputs:
             case Finished(outcome=outcome, step=step):
                 account(job, time.time())  # what came before the word was training
                 job.finished, job.step = outcome, max(job.step, step)
-                for action in policy.all_exited(job):
+                for action in progress_policy.all_exited(job):
                     await self.apply(job, action)
             case BandwidthChecked():
                 await self._bandwidth(job, msg)
@@ -155,14 +155,14 @@ class ProgressInputs:
                 key = (job.id, job.attempt)
                 reported = self._straggled.setdefault(key, set())
                 before = self._slow_window.get(key, set())
-                self._slow_window[key] = set(policy.slow_ranks(job, msg))
-                for action in policy.on_stragglers(job, msg, reported, before):
+                self._slow_window[key] = set(progress_policy.slow_ranks(job, msg))
+                for action in progress_policy.on_stragglers(job, msg, reported, before):
                     await self.apply(job, action)
 
     async def _bandwidth(self, job: JobRecord, msg: BandwidthChecked) -> None:
         """Publish the preflight figures, then let the policy refuse slow nodes."""
-        actions = policy.on_bandwidth(job, msg)
-        refused = sorted(a.node for a in actions if isinstance(a, policy.RefuseNode))
+        decided = progress_policy.on_bandwidth(job, msg)
+        refused = sorted(a.node for a in decided if isinstance(a, actions.RefuseNode))
         figures = ", ".join(f"{node} {gbps:.1f}" for node, gbps in msg.node_gbps.items())
         await self.publish(
             JobBandwidth(
@@ -174,7 +174,7 @@ class ProgressInputs:
                 message=f"bus bandwidth GB/s: {figures} (median {msg.median_gbps:.1f})",
             )
         )
-        for action in actions:
+        for action in decided:
             await self.apply(job, action)
 
     async def _rewound(self, job: JobRecord, msg: Rewound) -> None:
@@ -195,10 +195,10 @@ class ProgressInputs:
                 + (skipped if msg.skip_to > msg.skip_from else ""),
             )
         )
-        for action in policy.on_rewound(job, msg):
+        for action in progress_policy.on_rewound(job, msg):
             await self.apply(job, action)
 
-    async def _straggler(self, job: JobRecord, found: policy.ReportStraggler) -> None:
+    async def _straggler(self, job: JobRecord, found: actions.ReportStraggler) -> None:
         self._straggled.setdefault((job.id, job.attempt), set()).add(found.rank)
         ratio = found.step_s / found.peer_median_s
         await self.publish(

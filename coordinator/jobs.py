@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from coordinator import exclusion, hang_verdict, job_machine, policy
+from coordinator import actions, exclusion, hang_verdict, job_machine, policy, progress_policy
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
 from coordinator.goodput import account, charge_detection
@@ -248,7 +248,7 @@ class JobManager(ProgressInputs):
         (:mod:`coordinator.loss_verdict`): the evidence that its ranks step on is due but
         not every other node of the job has beaten since."""
         node = self.registry.nodes.get(event.node or "")
-        if node is None or node.id not in job.nodes or job.state not in policy.LIVE:
+        if node is None or node.id not in job.nodes or job.state not in job_machine.LIVE:
             return False
         due = evidence_at(self._stepped_at.get(job.id), job.step_s)
         if due is None or self._decidable(job, event, due):
@@ -318,7 +318,7 @@ class JobManager(ProgressInputs):
             and event.job == job.id
             and event.attempt == job.attempt
             and event.exit_code != 0
-            and job.state in policy.LIVE
+            and job.state in job_machine.LIVE
             and not job.stopping
         )
 
@@ -337,43 +337,43 @@ class JobManager(ProgressInputs):
 
     # -- actions ----------------------------------------------------------------------
 
-    async def apply(self, job: JobRecord | None, action: policy.Action) -> None:
+    async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
         """Carry out one action; ``job`` is None for node actions outside any job."""
         log.info("policy action", job=job.id if job else None, action=repr(action))
         match action:
-            case policy.DrainNode(node=node, reason=reason):
+            case actions.DrainNode(node=node, reason=reason):
                 self.registry.drain(node, reason)
-            case policy.ResyncNode(node=node, reason=reason):
+            case actions.ResyncNode(node=node, reason=reason):
                 await self._resync(node, reason)
         if job is None:
             return
         match action:
-            case policy.PauseJob(reason=reason, reasons=reasons, send=send):
+            case actions.PauseJob(reason=reason, reasons=reasons, send=send):
                 job.pause_reasons = list(reasons)
                 if send:
                     await self.save(job)  # the reasons are on record before rank 0 acts
                     await self._to_rank0(job, Pause(job=job.id, reason=reason))
-            case policy.ResumeJob(reason=reason, reasons=reasons, send=send):
+            case actions.ResumeJob(reason=reason, reasons=reasons, send=send):
                 job.pause_reasons = list(reasons)
                 if send:
                     await self.save(job)
                     await self._to_rank0(job, Resume(job=job.id, reason=reason))
-            case policy.CheckpointJob(reason=reason):
+            case actions.CheckpointJob(reason=reason):
                 await self._checkpoint(job, reason)
-            case policy.RestartJob():
+            case actions.RestartJob():
                 await self._restart(job, action)
-            case policy.ReportStraggler():
+            case actions.ReportStraggler():
                 await self._straggler(job, action)
-            case policy.RefuseNode(node=node, reason=reason):
+            case actions.RefuseNode(node=node, reason=reason):
                 await self.launcher.explain(job, {node: reason})
-            case policy.FinishJob(state=state, reason=reason):
+            case actions.FinishJob(state=state, reason=reason):
                 await self.finish(job, state, reason)
         self._dirty.add(job.id)
 
-    async def _restart(self, job: JobRecord, action: policy.RestartJob) -> None:
+    async def _restart(self, job: JobRecord, action: actions.RestartJob) -> None:
         """Give the attempt up: count a failure against the budget (failing the job when
         it repeats), leave out what the policy names, then stop the attempt as a task."""
-        if job.state not in policy.LIVE or job.stopping:
+        if job.state not in job_machine.LIVE or job.stopping:
             return
         now = time.time()
         if action.failure is not None:
@@ -426,7 +426,7 @@ class JobManager(ProgressInputs):
             job_machine.fire(job, Input.CHECKPOINT)
 
     async def _to_rank0(self, job: JobRecord, cmd: Pause | Resume | CheckpointNow) -> bool:
-        if not job.nodes or job.state not in policy.LIVE:
+        if not job.nodes or job.state not in job_machine.LIVE:
             return False
         reply = await self.cmd.send(job.nodes[0], cmd)
         if not reply.ok:
@@ -495,19 +495,19 @@ class JobManager(ProgressInputs):
                     await self.apply(job, action)
                 if not job.state.terminal and not self.busy(job.id, "launch"):
                     self.spawn(job.id, "launch", self.start_pending(job))
-            elif stall := policy.on_network_stall(
+            elif stall := progress_policy.on_network_stall(
                 job, self.registry.link_conditions(job.nodes), now
             ):
                 for action in stall:
                     await self.apply(job, action)
             elif why := grow_reason(job, self._free(job), now):
-                await self.apply(job, policy.RestartJob(why, graceful=True))
+                await self.apply(job, actions.RestartJob(why, graceful=True))
             elif self._bounding_due(job, now):
                 job.bounding_checkpoint_at = now
                 await self._checkpoint(job, "bounding what a preemption notice can cost")
             exited = self._exited_at.get((job.id, job.attempt))
             if exited is not None and time.monotonic() - exited > OVERDUE_S:
-                for action in policy.overdue(job):
+                for action in progress_policy.overdue(job):
                     await self.apply(job, action)
         await self.flush()
 

@@ -11,108 +11,23 @@ faults never resume the job early. The reasons are computed here and nowhere els
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from coordinator import network_culprit
-from coordinator.job_machine import rewind_spent
+from coordinator.actions import (
+    Action,
+    DrainNode,
+    FinishJob,
+    PauseJob,
+    RestartJob,
+    ResumeJob,
+    ResyncNode,
+)
+from coordinator.job_machine import LIVE
+from coordinator.progress_policy import all_exited
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited, WorkerHung
 from proto.job import Failure, JobRecord, JobState
-from proto.progress import BandwidthChecked, Rewound, Stragglers, slow_nodes
-
-LIVE = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PAUSED, JobState.CHECKPOINTING})
-
-
-@dataclass(frozen=True)
-class PauseJob:
-    """Hold the job under ``key``; ``reasons`` is the job's open reasons after it and
-    ``send`` says whether rank 0 must be told (the first reason)."""
-
-    key: str
-    reason: str
-    reasons: tuple[str, ...]
-    send: bool
-
-
-@dataclass(frozen=True)
-class ResumeJob:
-    """Release ``key``; ``send`` when it was the last reason holding the job."""
-
-    key: str
-    reason: str
-    reasons: tuple[str, ...]
-    send: bool
-
-
-@dataclass(frozen=True)
-class CheckpointJob:
-    reason: str
-
-
-@dataclass(frozen=True)
-class RestartJob:
-    """Restart without ``exclude``; ``failure``: what failed, for the restart budget
-    (:func:`coordinator.job_machine.charge`; None: nothing failed, as after a preflight
-    refusal, a replacement or growing back); ``graceful``: the ranks stop at the next step
-    boundary with a checkpoint first, so the next attempt resumes from exactly that step
-    (an evacuation with notice, a replacement, growing back) instead of being killed."""
-
-    reason: str
-    exclude: tuple[str, ...] = ()
-    failure: Failure | None = None
-    graceful: bool = False
-
-
-@dataclass(frozen=True)
-class ReportStraggler:
-    """Publish ``worker.straggler`` for ``rank`` on ``node``."""
-
-    node: str
-    rank: int
-    step_s: float
-    peer_median_s: float
-
-
-@dataclass(frozen=True)
-class RefuseNode:
-    """Publish ``node.refused``: the job will not run on ``node`` (paired with a restart
-    that excludes it)."""
-
-    node: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class DrainNode:
-    node: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class ResyncNode:
-    node: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class FinishJob:
-    state: JobState
-    reason: str
-
-
-Action = (
-    PauseJob
-    | ResumeJob
-    | CheckpointJob
-    | RestartJob
-    | ReportStraggler
-    | RefuseNode
-    | DrainNode
-    | ResyncNode
-    | FinishJob
-)
 
 
 def decide(
@@ -244,33 +159,6 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
     return []
 
 
-def on_bandwidth(job: JobRecord, msg: BandwidthChecked) -> list[Action]:
-    """Rank 0's preflight bandwidth figures, before the first step: refuse every node of
-    the job under ``min_bandwidth_ratio`` × the median of its peers and restart without
-    them. The restart is not charged to the budget: nothing trained and nothing failed,
-    and each refusal shrinks the nodes a job can be admitted to, so it cannot loop. The
-    node is not drained: other jobs may not need its bandwidth."""
-    if job.state is not JobState.STARTING:
-        return []  # a late message from an earlier attempt, or the job moved on
-    ratio = job.spec.policy.min_bandwidth_ratio
-    slow = {
-        node: median
-        for node, median in slow_nodes(msg.node_gbps, ratio).items()
-        if node in job.nodes
-    }
-    reasons = {
-        node: f"{node} bus bandwidth {msg.node_gbps[node]:.1f} GB/s, under {ratio:g} × "
-        f"the median {median:.1f} GB/s of its peers"
-        for node, median in sorted(slow.items())
-    }
-    if not reasons:
-        return []
-    return [
-        *(RefuseNode(node, why) for node, why in reasons.items()),
-        RestartJob("; ".join(reasons.values()), tuple(reasons)),
-    ]
-
-
 def on_node_condition(cond: Condition) -> list[Action]:
     """Reactions that concern a node whether or not it hosts a job."""
     if cond.kind is ConditionKind.CLOCK and cond.active:
@@ -368,102 +256,3 @@ def _evacuate(job: JobRecord, node: str, why: str, *, graceful: bool = True) -> 
     graceful: from the newest checkpoint, where the ranks cannot reach a step boundary."""
     failure = Failure(node=node, cause="evacuated", step=job.step)
     return [DrainNode(node, why), RestartJob(why, (node,), failure, graceful=graceful)]
-
-
-def on_rewound(job: JobRecord, msg: Rewound) -> list[Action]:
-    """The ranks went back to a good checkpoint after a numeric fault (``job.rewinds``
-    already counts it): past ``max_rewinds`` the job fails with the evidence."""
-    limit = job.spec.policy.max_rewinds
-    if not rewind_spent(job):
-        return []
-    return [
-        FinishJob(
-            JobState.FAILED,
-            f"numeric fault at step {msg.from_step} ({msg.reason}); "
-            f"{job.rewinds} rewinds, over the limit of {limit}",
-        )
-    ]
-
-
-def on_network_stall(
-    job: JobRecord, links: Mapping[str, Sequence[Condition]], now: float
-) -> list[Action]:
-    """No step for the stall threshold with a node cut off from its peers: restart
-    without it (:func:`coordinator.network_culprit.stalled_cut_off`)."""
-    if (found := network_culprit.stalled_cut_off(job, links, now)) is None:
-        return []
-    stalled_s, cut = found
-    said = "; ".join(f"{n}: {r}" for n, r in cut.items())
-    why = f"no step for {stalled_s:.0f} s with a node cut off from its peers ({said}); left out"
-    left_out = tuple(cut)
-    return [RestartJob(why, left_out, Failure(node=left_out[0], cause="network", step=job.step))]
-
-
-def on_stragglers(
-    job: JobRecord, msg: Stragglers, reported: set[int], slow_before: set[int]
-) -> list[Action]:
-    """Ranks slower than ``straggler_ratio`` × their peers' median in two windows in a row
-    (``slow_before``: the ranks :func:`slow_ranks` found in this attempt's previous window;
-    ``reported``: ranks already reported this attempt). One slow window is a hiccup of the
-    host (a checkpoint write, a neighbour's burst), not a slow GPU. With spares, the first
-    straggler's node is replaced gracefully (uncharged: nothing failed)."""
-    per_node = job.spec.job.gpus_per_node
-    actions: list[Action] = []
-    for rank, (seconds, median) in sorted(slow_ranks(job, msg).items()):
-        if rank in reported or rank not in slow_before or rank // per_node >= len(job.nodes):
-            continue
-        node = job.nodes[rank // per_node]
-        actions.append(ReportStraggler(node, rank, seconds, median))
-        if job.spec.job.spares and not any(isinstance(a, RestartJob) for a in actions):
-            why = f"rank {rank} on {node} straggles: {seconds:.3f} s/step vs {median:.3f} s"
-            actions.append(RestartJob(why, (node,), graceful=True))
-    return actions
-
-
-def slow_ranks(job: JobRecord, msg: Stragglers) -> dict[int, tuple[float, float]]:
-    """:func:`stragglers` of a window of the running attempt's world; none otherwise."""
-    if job.state is not JobState.RUNNING or job.world_size != len(msg.rank_step_s):
-        return {}
-    return stragglers(msg.rank_step_s, job.spec.policy.straggler_ratio)
-
-
-def stragglers(rank_step_s: list[float], ratio: float) -> dict[int, tuple[float, float]]:
-    """Ranks whose time is over ``ratio`` × the median of the others', with that median."""
-    slow = {}
-    for rank, seconds in enumerate(rank_step_s):
-        peers = [s for r, s in enumerate(rank_step_s) if r != rank and s > 0]
-        if peers and seconds > ratio * (median := statistics.median(peers)):
-            slow[rank] = (seconds, median)
-    return slow
-
-
-def all_exited(job: JobRecord) -> list[Action]:
-    """Every rank of the current attempt has exited (cleanly, or on our stop). A job
-    completes only when rank 0 of the current attempt said so and every rank exited 0;
-    rank 0's last word may still be in flight (it travels on another stream), so a clean
-    exit without it is left to :func:`overdue`. A job being restarted is not finishing:
-    its ranks stopping is the restart's own doing."""
-    if job.state not in LIVE or len(job.exited_ranks) < job.world_size:
-        return []
-    if job.stopping:
-        return [FinishJob(JobState.STOPPED, job.reason or "stopped")]
-    if any(code != 0 for code in job.exited_ranks.values()):
-        return []  # a failed rank restarts the job (decide)
-    if job.finished == "completed":
-        return [FinishJob(JobState.COMPLETED, f"reached step {job.step}")]
-    if job.spec.job.entry:
-        # A user's own script reports no steps: a clean exit of every rank is success.
-        return [FinishJob(JobState.COMPLETED, "every rank of the entry point exited 0")]
-    return []
-
-
-def overdue(job: JobRecord) -> list[Action]:
-    """All ranks exited cleanly a while ago but rank 0's final word never came: complete
-    when rank 0's own reports (the only ones taken) reached the target, else fail."""
-    if job.state not in LIVE or len(job.exited_ranks) < job.world_size or not job.world_size:
-        return []
-    if any(code != 0 for code in job.exited_ranks.values()):
-        return []
-    if job.step >= job.target_steps:
-        return [FinishJob(JobState.COMPLETED, f"reached step {job.step} (every rank exited 0)")]
-    return [FinishJob(JobState.FAILED, f"ranks exited at step {job.step} of {job.target_steps}")]

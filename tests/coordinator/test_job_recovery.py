@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from test_jobs import Cluster, exited, rank0, spec
 
-from coordinator import policy
+from coordinator import policy, progress_policy
 from coordinator.jobs import JobManager
 from proto.api import SubmitJob
 from proto.commands import CheckpointNow, Launch, Ping, Stop
@@ -233,9 +233,9 @@ async def test_a_rank_slow_in_windows_apart_is_no_straggler() -> None:
 
 
 def test_stragglers_compare_each_rank_with_the_median_of_the_others() -> None:
-    assert policy.stragglers([0.1, 0.1, 0.1, 0.16], 1.5) == {3: (0.16, 0.1)}
-    assert policy.stragglers([0.1, 0.1, 0.1, 0.14], 1.5) == {}
-    assert policy.stragglers([0.1], 1.5) == {}
+    assert progress_policy.stragglers([0.1, 0.1, 0.1, 0.16], 1.5) == {3: (0.16, 0.1)}
+    assert progress_policy.stragglers([0.1, 0.1, 0.1, 0.14], 1.5) == {}
+    assert progress_policy.stragglers([0.1], 1.5) == {}
 
 
 async def test_numeric_faults_rewind_until_the_limit_then_fail_with_the_evidence() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import policy
+from coordinator import actions, policy, progress_policy
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, NodeLost, NvmeLatencySpike, WorkerExited
 from proto.job import Exclusion, Failure, JobRecord, JobSection, JobSpec, JobState
@@ -40,17 +40,17 @@ def operator(active: bool = True) -> Condition:
     return Condition(kind=ConditionKind.OPERATOR, job="t-1", active=active)
 
 
-def apply(record: JobRecord, actions: list[policy.Action]) -> None:
+def apply(record: JobRecord, decided: list[actions.Action]) -> None:
     """What the job manager does with pause reasons, so sequences can be followed."""
-    for action in actions:
-        if isinstance(action, policy.PauseJob | policy.ResumeJob):
+    for action in decided:
+        if isinstance(action, actions.PauseJob | actions.ResumeJob):
             record.pause_reasons = list(action.reasons)
 
 
 def test_a_spike_on_a_hosting_node_pauses_under_the_condition_key() -> None:
     [action] = policy.on_condition(job(), spike())
     key = condition_key(ConditionKind.NVME_LATENCY, "node-1", "nvme0n1")
-    assert action == policy.PauseJob(key, "NVMe nvme0n1 on node-1 at 500 µs", (key,), send=True)
+    assert action == actions.PauseJob(key, "NVMe nvme0n1 on node-1 at 500 µs", (key,), send=True)
 
 
 def test_the_event_carrying_a_condition_is_decided_by_its_condition() -> None:
@@ -71,10 +71,10 @@ def test_the_agent_judged_the_spike_so_any_open_latency_condition_pauses() -> No
     (the condition is not restated as latency changes, so a re-check could never pause)."""
     key = condition_key(ConditionKind.NVME_LATENCY, "node-1", "nvme0n1")
     [action] = policy.on_condition(job(), spike(lat=90.0))
-    assert action == policy.PauseJob(key, "NVMe nvme0n1 on node-1 at 90 µs", (key,), send=True)
+    assert action == actions.PauseJob(key, "NVMe nvme0n1 on node-1 at 90 µs", (key,), send=True)
     bare = Condition(kind=ConditionKind.NVME_LATENCY, node="node-1", subject="nvme0n1")
     [action] = policy.on_condition(job(), bare)
-    assert isinstance(action, policy.PauseJob) and action.reason == "NVMe nvme0n1 on node-1"
+    assert isinstance(action, actions.PauseJob) and action.reason == "NVMe nvme0n1 on node-1"
 
 
 def test_finished_jobs_ignore_conditions() -> None:
@@ -97,24 +97,24 @@ def test_two_devices_resume_only_when_the_last_recovers() -> None:
     record.state = JobState.PAUSED
     one = policy.on_condition(record, closed(a))
     apply(record, one)
-    assert one == [policy.ResumeJob(a.key, f"{a.key} closed", (b.key,), send=False)]
+    assert one == [actions.ResumeJob(a.key, f"{a.key} closed", (b.key,), send=False)]
     last = policy.on_condition(record, closed(b))
-    assert last == [policy.ResumeJob(b.key, f"{b.key} closed", (), send=True)]
+    assert last == [actions.ResumeJob(b.key, f"{b.key} closed", (), send=True)]
 
 
 def test_an_operator_pause_during_a_spike_holds_until_both_close() -> None:
     record = job()
     apply(record, policy.on_condition(record, spike()))
     [held] = policy.on_condition(record, operator())
-    assert isinstance(held, policy.PauseJob) and not held.send  # already paused by the spike
+    assert isinstance(held, actions.PauseJob) and not held.send  # already paused by the spike
     assert held.key == condition_key(ConditionKind.OPERATOR, job="t-1")
     apply(record, [held])
     record.state = JobState.PAUSED
     [spike_over] = policy.on_condition(record, closed(spike()))
-    assert isinstance(spike_over, policy.ResumeJob) and not spike_over.send
+    assert isinstance(spike_over, actions.ResumeJob) and not spike_over.send
     apply(record, [spike_over])
     [released] = policy.on_condition(record, operator(active=False))
-    assert isinstance(released, policy.ResumeJob) and released.send and released.reasons == ()
+    assert isinstance(released, actions.ResumeJob) and released.send and released.reasons == ()
 
 
 def test_an_operator_condition_concerns_its_own_job_only() -> None:
@@ -125,7 +125,7 @@ def test_an_operator_condition_concerns_its_own_job_only() -> None:
 def test_closing_a_reason_while_recovering_releases_it_without_a_command() -> None:
     record = job(JobState.RECOVERING, pause_reasons=[spike().key])
     [action] = policy.on_condition(record, closed(spike()))
-    assert action == policy.ResumeJob(spike().key, f"{spike().key} closed", (), send=False)
+    assert action == actions.ResumeJob(spike().key, f"{spike().key} closed", (), send=False)
 
 
 def test_a_relaunch_keeps_reasons_still_open_and_repauses() -> None:
@@ -134,10 +134,10 @@ def test_a_relaunch_keeps_reasons_still_open_and_repauses() -> None:
     record = job(
         JobState.STARTING, nodes=["node-0", "node-2"], pause_reasons=[elsewhere.key, op.key]
     )
-    actions = policy.relaunched(record, active={})
-    assert actions == [
-        policy.ResumeJob(elsewhere.key, "not on this attempt's nodes", (op.key,), send=False),
-        policy.PauseJob(op.key, f"held by {op.key}", (op.key,), send=True),
+    decided = policy.relaunched(record, active={})
+    assert decided == [
+        actions.ResumeJob(elsewhere.key, "not on this attempt's nodes", (op.key,), send=False),
+        actions.PauseJob(op.key, f"held by {op.key}", (op.key,), send=True),
     ]
     assert policy.relaunched(job(JobState.STARTING), active={}) == []
 
@@ -145,11 +145,11 @@ def test_a_relaunch_keeps_reasons_still_open_and_repauses() -> None:
 def test_a_failed_rank_restarts_naming_what_failed_for_the_budget() -> None:
     exit_ = WorkerExited(node="node-0", job="t-1", rank=0, exit_code=1, attempt=1)
     [action] = policy.decide(job(step=40), exit_)
-    assert isinstance(action, policy.RestartJob) and action.exclude == ()
+    assert isinstance(action, actions.RestartJob) and action.exclude == ()
     assert action.failure == Failure(node="node-0", rank=0, cause="exit 1", step=40)
     killed = WorkerExited(node="node-0", job="t-1", rank=0, signal=9, attempt=1)
     [action] = policy.decide(job(), killed)
-    assert isinstance(action, policy.RestartJob) and action.failure is not None
+    assert isinstance(action, actions.RestartJob) and action.failure is not None
     assert action.failure.cause == "signal 9"  # the budget is counted by the machine
 
 
@@ -163,15 +163,15 @@ def test_clean_exits_complete_only_when_every_rank_is_done() -> None:
     said = {"finished": "completed"}
     assert policy.decide(job(step=100, exited_ranks={"0": 0}, **said), done) == []
     [action] = policy.decide(job(step=100, exited_ranks={"0": 0, "1": 0}, **said), done)
-    assert action == policy.FinishJob(JobState.COMPLETED, "reached step 100")
+    assert action == actions.FinishJob(JobState.COMPLETED, "reached step 100")
 
 
 def test_clean_exit_before_the_target_waits_for_progress_then_fails() -> None:
     early = job(step=50, exited_ranks={"0": 0, "1": 0})
     done = WorkerExited(node="node-0", job="t-1", rank=0, exit_code=0, attempt=1)
     assert policy.decide(early, done) == []
-    [action] = policy.overdue(early)
-    assert isinstance(action, policy.FinishJob) and action.state is JobState.FAILED
+    [action] = progress_policy.overdue(early)
+    assert isinstance(action, actions.FinishJob) and action.state is JobState.FAILED
     early.finished = "completed"
     assert policy.decide(early, done)[0].state is JobState.COMPLETED  # type: ignore[union-attr]
 
@@ -180,7 +180,7 @@ def test_stop_requested_ends_stopped() -> None:
     stopping = job(stopping=True, step=10, exited_ranks={"0": -15, "1": -15}, reason="stop")
     exit_ = WorkerExited(node="node-1", job="t-1", rank=1, exit_code=None, signal=15, attempt=1)
     [action] = policy.decide(stopping, exit_)
-    assert action == policy.FinishJob(JobState.STOPPED, "stop")
+    assert action == actions.FinishJob(JobState.STOPPED, "stop")
 
 
 @pytest.mark.parametrize(
@@ -201,9 +201,9 @@ def test_node_ending_conditions_drain_and_restart_gracefully_without_the_node(
     cond: Condition,
 ) -> None:
     drain, restart = policy.on_condition(job(), cond)
-    assert isinstance(drain, policy.DrainNode) and drain.node == "node-1"
+    assert isinstance(drain, actions.DrainNode) and drain.node == "node-1"
     # graceful: the ranks checkpoint at the next boundary and resume from exactly there
-    assert isinstance(restart, policy.RestartJob) and restart.graceful
+    assert isinstance(restart, actions.RestartJob) and restart.graceful
     assert restart.exclude == ("node-1",) and restart.failure is not None
     assert restart.failure.node == "node-1"  # left out: it spends no budget
 
@@ -225,17 +225,17 @@ def test_a_hardware_thermal_slowdown_is_critical_below_the_threshold() -> None:
         severity=Severity.CRITICAL,
         reason="GPU 2 critical: 80 °C, hw_thermal_slowdown",
     )
-    actions = policy.on_condition(job(), slow)
-    assert [type(a) for a in actions] == [policy.DrainNode, policy.RestartJob]
-    assert "hw_thermal_slowdown" in actions[0].reason  # type: ignore[union-attr]
+    decided = policy.on_condition(job(), slow)
+    assert [type(a) for a in decided] == [actions.DrainNode, actions.RestartJob]
+    assert "hw_thermal_slowdown" in decided[0].reason  # type: ignore[union-attr]
     assert policy.on_condition(job(), closed(slow)) == []
 
 
 def test_lost_node_drains_and_restarts_without_it() -> None:
-    actions = policy.decide(job(), NodeLost(node="node-0"))
-    assert actions == [
-        policy.DrainNode("node-0", "heartbeat lost"),
-        policy.RestartJob(
+    decided = policy.decide(job(), NodeLost(node="node-0"))
+    assert decided == [
+        actions.DrainNode("node-0", "heartbeat lost"),
+        actions.RestartJob(
             "node node-0 lost", ("node-0",), Failure(node="node-0", cause="node lost")
         ),
     ]
@@ -246,14 +246,14 @@ def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
         kind=ConditionKind.CLOCK, node="node-3", value=12.0, reason="clock +12.00 ms beyond 5 ms"
     )
     assert policy.on_node_condition(drift) == [
-        policy.ResyncNode("node-3", "clock +12.00 ms beyond 5 ms")
+        actions.ResyncNode("node-3", "clock +12.00 ms beyond 5 ms")
     ]
     assert policy.on_node_condition(closed(drift)) == []
     assert policy.on_node_condition(spike()) == []
     failed = ClockResynced(node="node-1", ok=False, offset_after_ms=9.5)
-    actions = policy.decide(job(), failed)
-    assert [type(a) for a in actions] == [policy.DrainNode, policy.RestartJob]
-    assert actions[0].reason == "clock on node-1 still +9.5 ms off (limit 5 ms) after a resync"  # type: ignore[union-attr]
+    decided = policy.decide(job(), failed)
+    assert [type(a) for a in decided] == [actions.DrainNode, actions.RestartJob]
+    assert decided[0].reason == "clock on node-1 still +9.5 ms off (limit 5 ms) after a resync"  # type: ignore[union-attr]
     assert policy.decide(job(), ClockResynced(node="node-1", ok=True)) == []
 
 
@@ -272,10 +272,10 @@ def test_completed_needs_rank_0s_word_and_every_rank_exiting_0() -> None:
     finished = job(step=100, finished="completed", exited_ranks={"0": 0, "1": -6})
     crash = WorkerExited(node="node-1", job="t-1", rank=1, exit_code=None, signal=6, attempt=1)
     [restart] = policy.decide(finished, crash)
-    assert isinstance(restart, policy.RestartJob)
+    assert isinstance(restart, actions.RestartJob)
     clean = job(step=100, finished="completed", exited_ranks={"0": 0, "1": 0})
     last = WorkerExited(node="node-1", job="t-1", rank=1, exit_code=0, attempt=1)
-    assert policy.decide(clean, last) == [policy.FinishJob(JobState.COMPLETED, "reached step 100")]
+    assert policy.decide(clean, last) == [actions.FinishJob(JobState.COMPLETED, "reached step 100")]
     # without rank 0's word the same exits wait (its word may be in flight)
     assert policy.decide(job(step=100, exited_ranks={"0": 0, "1": 0}), last) == []
 
@@ -285,10 +285,10 @@ def test_a_peers_exit_restarts_without_the_silent_node() -> None:
     heartbeats are declared lost. The one restart leaves the silent node out."""
     peer_exit = WorkerExited(node="node-0", job="t-1", rank=0, exit_code=1, attempt=1)
     [action] = policy.decide(job(), peer_exit, silent=frozenset({"node-1", "node-9"}))
-    assert isinstance(action, policy.RestartJob) and action.exclude == ("node-1",)
+    assert isinstance(action, actions.RestartJob) and action.exclude == ("node-1",)
     assert action.reason.endswith("; node-1 silent, left out")
     [action] = policy.decide(job(), peer_exit)
-    assert action == policy.RestartJob(
+    assert action == actions.RestartJob(
         f"rank 0 on node-0 failed ({peer_exit.message})",
         (),
         Failure(node="node-0", rank=0, cause="exit 1"),
@@ -301,5 +301,5 @@ def test_a_node_that_came_back_after_being_left_out_is_evacuated_again() -> None
     back.excluded = {"node-1": Exclusion(reason="spot", since=0.0, until=1.0)}
     notice = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws")
     drain, restart = policy.on_condition(back, notice)
-    assert isinstance(drain, policy.DrainNode) and drain.node == "node-1"
-    assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-1",)
+    assert isinstance(drain, actions.DrainNode) and drain.node == "node-1"
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-1",)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import policy
+from coordinator import actions, policy
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import NetLink, WorkerExited, WorkerHung
 from proto.job import JobRecord, JobSection, JobSpec, JobState
@@ -40,8 +40,8 @@ def test_data_link_down_on_a_job_node_drains_it_and_restarts_without_it() -> Non
     event = NetLink(node="node-1", interface="data0", condition=link_down())
     drain, restart = policy.decide(job(), event)
     why = "data link down on node-1: data0 carrier 0, operstate down"
-    assert drain == policy.DrainNode("node-1", why)
-    assert isinstance(restart, policy.RestartJob)
+    assert drain == actions.DrainNode("node-1", why)
+    assert isinstance(restart, actions.RestartJob)
     assert (restart.reason, restart.exclude) == (why, ("node-1",))
     assert restart.failure is not None and restart.failure.node == "node-1"
     # the collectives cannot reach a step boundary over a dead link: no graceful wait
@@ -104,7 +104,7 @@ def waiting(node: str = "node-0", **kw: object) -> WorkerHung:
 
 def test_a_hang_in_a_collective_is_pinned_on_the_node_whose_link_is_faulty() -> None:
     [restart] = policy.decide(job(), waiting("node-0"), links={"node-1": [flapping("node-1")]})
-    assert isinstance(restart, policy.RestartJob)
+    assert isinstance(restart, actions.RestartJob)
     assert restart.exclude == ("node-1",)  # not node-0, whose rank merely reported it
     assert "node-1: data0 carrier changed 6 times in 60 s" in restart.reason
     assert restart.failure is not None
@@ -121,13 +121,13 @@ def test_a_hang_in_a_collective_is_pinned_on_the_node_whose_tcp_retransmits() ->
         threshold=0.01,
     )
     [restart] = policy.decide(job(), waiting("node-0"), links={"node-1": [lossy]})
-    assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-1",)
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-1",)
     assert "node-1: TCP retransmitted 4.8%" in restart.reason
 
 
 def test_without_link_evidence_no_node_is_blamed_for_a_collective_wait() -> None:
     [restart] = policy.decide(job(), waiting("node-0"))
-    assert isinstance(restart, policy.RestartJob) and restart.exclude == ()
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ()
     # a faulty link on a node outside the job is no evidence about this one
     [restart] = policy.decide(job(), waiting("node-0"), links={"node-7": [flapping("node-7")]})
     assert restart.exclude == ()
@@ -144,7 +144,7 @@ def test_a_rank_with_its_own_evidence_stays_the_culprit_whatever_the_links_say()
         evidence="process stopped (state T) for 4.1 s",
     )
     [restart] = policy.decide(job(), stopped, links={"node-1": [flapping("node-1")]})
-    assert isinstance(restart, policy.RestartJob)
+    assert isinstance(restart, actions.RestartJob)
     assert restart.exclude == () and "rank 0 on node-0 hung" in restart.reason
     assert restart.failure is not None and restart.failure.node == "node-0"
 
@@ -173,7 +173,7 @@ def test_a_node_its_peers_cannot_reach_is_the_culprit_of_a_collective_wait() -> 
         "node-2": [cannot_reach("node-2", "node-0"), cannot_reach("node-2", "node-1")],
     }
     [restart] = policy.decide(three(), waiting("node-0"), links=links)
-    assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-2",)
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-2",)
     assert "node-2: unreachable from node-0 (cannot reach node-2" in restart.reason
     assert "node-1 (cannot reach node-2" in restart.reason
     assert restart.failure is not None and restart.failure.cause == "network"
@@ -187,7 +187,7 @@ def test_an_even_split_leaves_out_the_side_away_from_rank_0() -> None:
         "node-1": [cannot_reach("node-1", "node-0")],
     }
     [restart] = policy.decide(job(), waiting("node-1"), links=links)
-    assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-1",)
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-1",)
     assert "node-1: cannot reach rank 0's node node-0 nor it them" in restart.reason
     # four nodes split two and two: the far half goes
     four = job()
@@ -222,7 +222,7 @@ def test_a_rank_failing_beside_a_cut_off_node_restarts_without_that_node() -> No
         "node-1": [cannot_reach("node-1", "node-2")],
     }
     [restart] = policy.decide(three(), failed, links=links)
-    assert isinstance(restart, policy.RestartJob) and restart.exclude == ("node-2",)
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-2",)
     assert "node-2: unreachable from node-0" in restart.reason
     [restart] = policy.decide(three(), failed)  # no such evidence: nobody left out
-    assert isinstance(restart, policy.RestartJob) and restart.exclude == ()
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ()

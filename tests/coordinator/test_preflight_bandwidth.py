@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_jobs import Cluster, rank0, spec
 
-from coordinator import policy
+from coordinator import actions, progress_policy
 from proto.api import SubmitJob
 from proto.events import JobBandwidth, JobRecovering, NodeRefused
 from proto.job import JobRecord, JobSection, JobSpec, JobState
@@ -36,31 +36,31 @@ def test_a_node_under_the_ratio_of_its_peers_median_is_slow() -> None:
 
 
 def test_a_slow_node_is_refused_with_its_figure_and_the_restart_is_not_charged() -> None:
-    actions = policy.on_bandwidth(job(), checked(node_0=6.0, node_1=0.8, node_2=6.2))
+    decided = progress_policy.on_bandwidth(job(), checked(node_0=6.0, node_1=0.8, node_2=6.2))
     why = "node-1 bus bandwidth 0.8 GB/s, under 0.5 × the median 6.1 GB/s of its peers"
-    assert actions == [
-        policy.RefuseNode("node-1", why),
-        policy.RestartJob(why, ("node-1",)),  # failure None: uncharged
+    assert decided == [
+        actions.RefuseNode("node-1", why),
+        actions.RestartJob(why, ("node-1",)),  # failure None: uncharged
     ]
 
 
 def test_nodes_within_the_ratio_proceed_unchanged() -> None:
-    assert policy.on_bandwidth(job(), checked(node_0=6.0, node_1=4.0, node_2=6.2)) == []
+    assert progress_policy.on_bandwidth(job(), checked(node_0=6.0, node_1=4.0, node_2=6.2)) == []
     strict = job(ratio=0.9)
     assert [
-        type(a) for a in policy.on_bandwidth(strict, checked(node_0=6, node_1=4, node_2=6))
+        type(a) for a in progress_policy.on_bandwidth(strict, checked(node_0=6, node_1=4, node_2=6))
     ] == [
-        policy.RefuseNode,
-        policy.RestartJob,
+        actions.RefuseNode,
+        actions.RestartJob,
     ]
 
 
 def test_figures_after_the_start_or_for_other_nodes_change_nothing() -> None:
     slow = checked(node_0=6.0, node_1=0.8, node_2=6.2)
-    assert policy.on_bandwidth(job(JobState.RUNNING), slow) == []
-    assert policy.on_bandwidth(job(JobState.RECOVERING), slow) == []
+    assert progress_policy.on_bandwidth(job(JobState.RUNNING), slow) == []
+    assert progress_policy.on_bandwidth(job(JobState.RECOVERING), slow) == []
     elsewhere = checked(node_0=6.0, node_5=0.8, node_2=6.2)
-    assert policy.on_bandwidth(job(), elsewhere) == []
+    assert progress_policy.on_bandwidth(job(), elsewhere) == []
 
 
 @pytest.mark.anyio

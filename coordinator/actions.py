@@ -1,0 +1,99 @@
+"""What the fault policy decides and the job manager carries out: one frozen dataclass per
+kind of action, their union :data:`Action`. Pure data; :mod:`coordinator.policy` and
+:mod:`coordinator.progress_policy` make them, :mod:`coordinator.jobs` applies them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proto.job import Failure, JobState
+
+
+@dataclass(frozen=True)
+class PauseJob:
+    """Hold the job under ``key``; ``reasons`` is the job's open reasons after it and
+    ``send`` says whether rank 0 must be told (the first reason)."""
+
+    key: str
+    reason: str
+    reasons: tuple[str, ...]
+    send: bool
+
+
+@dataclass(frozen=True)
+class ResumeJob:
+    """Release ``key``; ``send`` when it was the last reason holding the job."""
+
+    key: str
+    reason: str
+    reasons: tuple[str, ...]
+    send: bool
+
+
+@dataclass(frozen=True)
+class CheckpointJob:
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestartJob:
+    """Restart without ``exclude``; ``failure``: what failed, for the restart budget
+    (:func:`coordinator.job_machine.charge`; None: nothing failed, as after a preflight
+    refusal, a replacement or growing back); ``graceful``: the ranks stop at the next step
+    boundary with a checkpoint first, so the next attempt resumes from exactly that step
+    (an evacuation with notice, a replacement, growing back) instead of being killed."""
+
+    reason: str
+    exclude: tuple[str, ...] = ()
+    failure: Failure | None = None
+    graceful: bool = False
+
+
+@dataclass(frozen=True)
+class ReportStraggler:
+    """Publish ``worker.straggler`` for ``rank`` on ``node``."""
+
+    node: str
+    rank: int
+    step_s: float
+    peer_median_s: float
+
+
+@dataclass(frozen=True)
+class RefuseNode:
+    """Publish ``node.refused``: the job will not run on ``node`` (paired with a restart
+    that excludes it)."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DrainNode:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ResyncNode:
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class FinishJob:
+    state: JobState
+    reason: str
+
+
+Action = (
+    PauseJob
+    | ResumeJob
+    | CheckpointJob
+    | RestartJob
+    | ReportStraggler
+    | RefuseNode
+    | DrainNode
+    | ResyncNode
+    | FinishJob
+)
