@@ -3,7 +3,8 @@ actions out.
 
 Every change of a job's state is a row of :mod:`coordinator.job_machine`; every reaction
 to a fault is the policy's (:mod:`coordinator.policy`). This module feeds them what
-happened — events, rank 0's progress (:mod:`coordinator.job_progress`), the nodes' own
+happened — agents' events (:mod:`coordinator.job_events`), rank 0's progress
+(:mod:`coordinator.job_progress`), the nodes' own
 rank reports reconciled each tick (:mod:`coordinator.reconcile`) — keeps the records
 (compare-and-set, :mod:`coordinator.jobstore`) and carries out what they return. A change
 of state is saved before the commands that act on it are sent, so a deposed leader's late
@@ -26,14 +27,13 @@ from coordinator import actions, exclusion, hang_verdict, job_machine, policy, p
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
 from coordinator.goodput import account, charge_detection
+from coordinator.job_events import EventInputs
 from coordinator.job_machine import Effect, Input
 from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
 from coordinator.jobstore import JobStore
 from coordinator.launch import Launcher
-from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
-from coordinator.network_culprit import suspects
-from coordinator.reconcile import peers_stepped_on
+from coordinator.loss_verdict import AwaitedVerdicts
 from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
 from proto.api import ApiReply, JobControl, SubmitJob
@@ -41,16 +41,11 @@ from proto.commands import CheckpointNow, Pause, Resume, ResyncClock
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import (
     EventBase,
-    JobAtRisk,
     JobCompleted,
     JobFailed,
     JobRecovering,
     JobStopped,
     JobSubmitted,
-    NodeLost,
-    SpotNotice,
-    WorkerExited,
-    WorkerHung,
 )
 from proto.job import JobRecord, JobState
 from proto.node import NodeState
@@ -65,7 +60,7 @@ _END_INPUT = {
 }
 
 
-class JobManager(ProgressInputs):
+class JobManager(EventInputs, ProgressInputs):
     def __init__(
         self, store: CasStore, commander: CommandSender, registry: Registry, publish: Publish
     ) -> None:
@@ -205,135 +200,6 @@ class JobManager(ProgressInputs):
             held = ", ".join(job.pause_reasons)
             return ApiReply(ok=False, job=job.id, error=f"job {job.id} stays paused: {held}")
         return ApiReply(ok=True, job=job.id)
-
-    # -- inputs -----------------------------------------------------------------------
-
-    async def on_event(self, event: EventBase) -> None:
-        """One event, its ``node`` already checked against the subject it came on (the
-        leader does that): a rank's exit or hang is taken only from the node that hosts
-        that rank in the job's current attempt, and only once."""
-        if event.condition is not None:
-            for action in policy.on_node_condition(event.condition):
-                await self.apply(None, action)
-        for job in list(self.jobs.values()):
-            if isinstance(event, SpotNotice) and event.deadline and event.node:
-                await self._warn_at_risk(job, event.node, event.deadline.timestamp() - time.time())
-            if isinstance(event, WorkerExited | WorkerHung) and event.job == job.id:
-                if not self.reconciler.speaks_for(job, event):
-                    continue
-                self._record(job, event)
-            elif isinstance(event, WorkerExited | WorkerHung):
-                continue  # another job's rank: nothing to do with this one
-            if isinstance(event, NodeLost) and self._awaits_evidence(job, event):
-                continue
-            if isinstance(event, WorkerHung) and self._holds_for_network(job, event):
-                continue
-            await self._decide(job, event)
-
-    async def _decide(self, job: JobRecord, event: EventBase) -> None:
-        silent: frozenset[str] = frozenset()
-        if self._failed_rank(job, event):
-            # only a rank's failure asks which nodes are gone (see policy.decide)
-            now = time.monotonic()
-            silent = self.registry.silent(job.nodes, now) | await self.stopper.unreachable(job)
-        progressing = self._stepped_since_silent(job, event)
-        judged = isinstance(event, WorkerHung) or self._failed_rank(job, event)
-        links = self.registry.link_conditions(job.nodes) if judged else {}
-        actions = policy.decide(job, event, silent, progressing=progressing, links=links)
-        for action in actions:
-            await self.apply(job, action)
-
-    def _awaits_evidence(self, job: JobRecord, event: NodeLost) -> bool:
-        """Whether the verdict on a lost node of the live job waits for its peers' steps
-        (:mod:`coordinator.loss_verdict`): the evidence that its ranks step on is due but
-        not every other node of the job has beaten since."""
-        node = self.registry.nodes.get(event.node or "")
-        if node is None or node.id not in job.nodes or job.state not in job_machine.LIVE:
-            return False
-        due = evidence_at(self._stepped_at.get(job.id), job.step_s)
-        if due is None or self._decidable(job, event, due):
-            return False
-        self._awaited.wait(job, event, due, time.monotonic())
-        log.info(
-            "node silent; its verdict waits for its peers' next beat", job=job.id, node=node.id
-        )
-        return True
-
-    def _holds_for_network(self, job: JobRecord, event: WorkerHung) -> bool:
-        """Whether a hang no node can pin waits for the network's word
-        (:mod:`coordinator.hang_verdict`): none names a suspect yet, and the job's nodes'
-        probes may still find one."""
-        if not event.culprit_unknown or self._network_evidence(job):
-            return False
-        nodes = [self.registry.nodes.get(n) for n in job.nodes]
-        wait = max((n.probe_confirm_s for n in nodes if n is not None), default=0.0)
-        if wait <= 0:
-            return False
-        if hang_verdict.hold(job, event, time.time() + wait + hang_verdict.SLACK_S):
-            log.info("hang without a culprit; its verdict waits for the network", job=job.id)
-            self._dirty.add(job.id)
-        return True
-
-    def _network_evidence(self, job: JobRecord) -> bool:
-        return bool(suspects(job, self.registry.link_conditions(job.nodes)))
-
-    def _decidable(self, job: JobRecord, event: NodeLost, due: float) -> bool:
-        """The peers prove the ranks step on, or every other node of the job that still
-        beats has beaten after ``due`` (so its beat would show those steps), or none does."""
-        if self._stepped_since_silent(job, event):
-            return True
-        peers = [self.registry.nodes.get(n) for n in job.nodes if n != event.node]
-        beating = [p for p in peers if p is not None and p.state is not NodeState.LOST]
-        return all(p.last_seen >= due for p in beating)
-
-    async def _warn_at_risk(self, job: JobRecord, node: str, window_s: float) -> None:
-        """Said before the evacuation starts, so the on-call engineer knows what to expect."""
-        if (why := policy.at_risk(job, node, window_s)) is not None:
-            await self.publish(
-                JobAtRisk(
-                    job=job.id,
-                    node=node,
-                    severity=Severity.WARNING,
-                    window_s=window_s,
-                    checkpoint_s=job.checkpoint_s or 0.0,
-                    last_checkpoint_step=job.last_checkpoint_step,
-                    message=why,
-                )
-            )
-
-    def _record(self, job: JobRecord, event: WorkerExited | WorkerHung) -> None:
-        if isinstance(event, WorkerHung):
-            node = event.node or "?"
-            job.hangs[node] = job.hangs.get(node, 0) + 1
-        else:
-            code = event.exit_code if event.exit_code is not None else -(event.signal or 255)
-            job.exited_ranks[str(event.rank)] = code
-            self._exited_at.setdefault((job.id, job.attempt), time.monotonic())
-        self._dirty.add(job.id)
-
-    @staticmethod
-    def _failed_rank(job: JobRecord, event: EventBase) -> bool:
-        return (
-            isinstance(event, WorkerExited)
-            and event.job == job.id
-            and event.attempt == job.attempt
-            and event.exit_code != 0
-            and job.state in job_machine.LIVE
-            and not job.stopping
-        )
-
-    def _stepped_since_silent(self, job: JobRecord, event: EventBase) -> bool:
-        """For a node declared lost: rank 0 reported a step after the node had already
-        missed beats, or the ranks on the other nodes stepped on past rank 0's word (which
-        comes through that very node when rank 0 is there: ``reconcile.peers_stepped_on``),
-        so the job's ranks, that node's included, still step together."""
-        node = self.registry.nodes.get(event.node or "")
-        if not isinstance(event, NodeLost) or node is None:
-            return False
-        overdue = node.last_seen + 1.5 * node.interval_s
-        if self._stepped_at.get(job.id, -1e18) > overdue:
-            return True
-        return peers_stepped_on(job, self.registry.nodes, node.id)
 
     # -- actions ----------------------------------------------------------------------
 
