@@ -203,7 +203,7 @@ def _watch(d: TcpRetransDetector, pid: int, seconds: float) -> list[NetRetrans]:
     return []
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_loss_injected_on_a_nodes_data_link_opens_net_retrans_there(
     two_nodes: tuple[Path, ns.Netns],
 ) -> None:
@@ -217,17 +217,19 @@ def test_loss_injected_on_a_nodes_data_link_opens_net_retrans_there(
     try:
         assert sink.stdout is not None
         port = sink.stdout.readline().strip()
-        source = _in(a.namespace, SOURCE, b.data_addr, port, "60")
+        source = _in(a.namespace, SOURCE, b.data_addr, port, "150")
         settings = {"retrans_window_s": 2.0, "retrans_min_segs": 200}
-        lossy = _watch(detector(**settings), source.pid, 45)
+        watch = detector(**settings)
+        lossy = _watch(watch, source.pid, 45)
         assert [e.recovered for e in lossy] == [False], "no net.retrans on the lossy node"
         assert lossy[0].ratio >= 0.01, lossy[0].message
 
         undone = netns_faults.clear(home, "n-a")
         assert any(part.endswith("on data0") for part in undone), undone
-        clean = detector(**settings)
-        clean.observe(TcpCollector(Roots(procfs=Path(f"/proc/{source.pid}"))).collect(time.time()))
-        assert _watch(clean, source.pid, 6) == [], "loss went on after clear"
+        # segments lost before the clear are still sent again after it (backed off), so
+        # the condition closes once a whole window is clean, with the stream still going
+        [closed] = _watch(watch, source.pid, 60)
+        assert closed.recovered and "under again" in closed.message, closed.message
         source.kill()
         source.wait()
     finally:
