@@ -31,7 +31,6 @@ from coordinator.ctl.errors import CtlError
 CTL_NET = "198.18.0.0/24"  # RFC 2544 benchmarking space: never routed on the internet
 DATA_NET = "198.18.1.0/24"
 FIRST_NODE_HOST = 10  # .1 the host, .2 the coordinators, nodes from .10
-LOSS_SUFFIX = "_loss"  # the nftables table of injected loss: <prefix>_loss
 CTL_IF, DATA_IF = "ctl0", "data0"  # the interfaces' names inside a namespace
 
 
@@ -162,16 +161,16 @@ def remove(directory: Path) -> list[str]:
         name = line.split(": ", 2)[1].split("@", 1)[0] if ": " in line else ""
         if name.startswith(p) and quietly("ip", "link", "del", name):
             removed.append(f"removed link {name}")
-    table = f"{p}{LOSS_SUFFIX}"
+    table = loss_table(p)
     if shutil.which("nft") and quietly("nft", "delete", "table", "netdev", table):
         removed.append(f"removed nftables table netdev {table}")
     return removed
 
 
-def loss_table(net: Netns) -> str:
+def loss_table(prefix: str) -> str:
     """The cluster's nftables table of injected loss (``netns_faults``), a chain per veth;
-    named by the prefix, so :func:`remove` finds it without the record."""
-    return f"{net.prefix}{LOSS_SUFFIX}"
+    named by the cluster's prefix, so :func:`remove` finds it without the record."""
+    return f"{prefix}_loss"
 
 
 def host_on_data(net: Netns) -> str:

@@ -77,13 +77,14 @@ def clear(directory: Path, node: str) -> list[str]:
     if net is None or member is None:
         return []
     done = []
+    nft = shutil.which("nft") is not None  # the loss rules of a kernel without netem
     for link in INSIDE:
         ns.quietly("ip", "link", "set", "dev", _veth(member, link), "up")
         inside = ["ip", "netns", "exec", member.namespace, "tc", "qdisc", "del"]
         if ns.quietly(*inside, "dev", INSIDE[link], "root"):
             done.append(f"netem on {INSIDE[link]}")
-        chain = ["nft", "delete", "chain", "netdev", ns.loss_table(net), _veth(member, link)]
-        if shutil.which("nft") and ns.quietly(*chain):
+        chain = ["nft", "delete", "chain", "netdev", ns.loss_table(net.prefix), _veth(member, link)]
+        if nft and ns.quietly(*chain):
             done.append(f"loss on {INSIDE[link]}")
     ns.quietly("ip", "-n", member.namespace, "route", "flush", "type", "blackhole")
     for peer, other in net.nodes.items():
@@ -103,7 +104,7 @@ def _drop(node: str, net: ns.Netns, member: ns.NetnsNode, link: Link, loss: floa
             "is not installed to lose packets instead",
             code=2,
         )
-    table, veth = ns.loss_table(net), _veth(member, link)
+    table, veth = ns.loss_table(net.prefix), _veth(member, link)
     share = round(loss * LOSS_SCALE / 100)
     hook = f'type filter hook ingress device "{veth}" priority 0; policy accept;'
     ns.run(

@@ -17,6 +17,7 @@ import pytest
 
 from coordinator.ctl import netns as ns
 from coordinator.ctl import netns_faults
+from coordinator.ctl.errors import CtlError
 from nodeagent.collectors.base import CollectorUnavailable, Roots
 from nodeagent.collectors.tcp import SnmpError, TcpCollector, TcpSample, parse_tcp
 from nodeagent.config import AgentConfig, NetworkSettings
@@ -211,6 +212,11 @@ def test_loss_injected_on_a_nodes_data_link_opens_net_retrans_there(
     a, b = net.nodes["n-a"], net.nodes["n-b"]
     if shutil.which("nft") is None and not _has_netem(a.namespace):
         pytest.skip("neither the netem qdisc nor nft (Debian's nftables) is here to lose packets")
+    if not _has_netem(a.namespace):  # delay needs the qdisc: one line, exit 2
+        with pytest.raises(CtlError) as refused:
+            netns_faults.apply(home, "n-a", NetemFault("data", loss_pct=5.0, delay_ms=20.0))
+        assert refused.value.code == 2 and "\n" not in str(refused.value)
+        assert "delay cannot be emulated" in str(refused.value)
     said = netns_faults.apply(home, "n-a", NetemFault("data", loss_pct=5.0))
     assert "n-a" in said and "data0" in said, said
     sink = _in(b.namespace, SINK, b.data_addr)
@@ -237,9 +243,9 @@ def test_loss_injected_on_a_nodes_data_link_opens_net_retrans_there(
         sink.wait()
     if "nftables" in said:  # down removes the cluster's loss table with the namespaces
         netns_faults.apply(home, "n-b", NetemFault("data", loss_pct=1.0))
-        assert f"removed nftables table netdev {ns.loss_table(net)}" in ns.remove(home)
+        assert f"removed nftables table netdev {ns.loss_table(net.prefix)}" in ns.remove(home)
         tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True)
-        assert ns.loss_table(net) not in tables.stdout, "down left the loss table behind"
+        assert ns.loss_table(net.prefix) not in tables.stdout, "down left the loss table behind"
 
 
 def _has_netem(namespace: str) -> bool:
