@@ -3,10 +3,10 @@ actions out.
 
 Every change of a job's state is a row of :mod:`coordinator.job_machine`; every reaction
 to a fault is the policy's (:mod:`coordinator.policy`). This module feeds them what
-happened — agents' events (:mod:`coordinator.job_events`), rank 0's progress
-(:mod:`coordinator.job_progress`), the nodes' own
-rank reports reconciled each tick (:mod:`coordinator.reconcile`) — keeps the records
-(compare-and-set, :mod:`coordinator.jobstore`) and carries out what they return. A change
+happened — the operator's requests (:mod:`coordinator.job_api`), agents' events
+(:mod:`coordinator.job_events`), rank 0's progress (:mod:`coordinator.job_progress`), the
+nodes' own rank reports reconciled each tick (:mod:`coordinator.reconcile`) — keeps the
+records (compare-and-set, :mod:`coordinator.jobstore`) and carries out what they return. A change
 of state is saved before the commands that act on it are sent, so a deposed leader's late
 transition fails at the store instead of reaching the nodes. Stops and launches run as
 tasks (:mod:`coordinator.recovery`, :mod:`coordinator.launch`) whose end is an input.
@@ -15,10 +15,8 @@ tasks (:mod:`coordinator.recovery`, :mod:`coordinator.launch`) whose end is an i
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -27,6 +25,7 @@ from coordinator import actions, exclusion, hang_verdict, job_machine, policy, p
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
 from coordinator.goodput import account, charge_detection
+from coordinator.job_api import OperatorInputs
 from coordinator.job_events import EventInputs
 from coordinator.job_machine import Effect, Input
 from coordinator.job_progress import ProgressInputs
@@ -36,16 +35,14 @@ from coordinator.launch import Launcher
 from coordinator.loss_verdict import AwaitedVerdicts
 from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
-from proto.api import ApiReply, JobControl, SubmitJob
 from proto.commands import CheckpointNow, Pause, Resume, ResyncClock
-from proto.conditions import Condition, ConditionKind, Severity
+from proto.conditions import Severity
 from proto.events import (
     EventBase,
     JobCompleted,
     JobFailed,
     JobRecovering,
     JobStopped,
-    JobSubmitted,
 )
 from proto.job import JobRecord, JobState
 from proto.node import NodeState
@@ -60,7 +57,7 @@ _END_INPUT = {
 }
 
 
-class JobManager(EventInputs, ProgressInputs):
+class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     def __init__(
         self, store: CasStore, commander: CommandSender, registry: Registry, publish: Publish
     ) -> None:
@@ -138,68 +135,6 @@ class JobManager(EventInputs, ProgressInputs):
         """Wait for every task in flight (tests, and a leader stepping down)."""
         while pending := [t for t in self._tasks.values() if not t.done()]:
             await asyncio.gather(*pending, return_exceptions=True)
-
-    # -- operator API -----------------------------------------------------------------
-
-    async def submit(self, req: SubmitJob) -> ApiReply:
-        spec = req.spec
-        job_id = f"{spec.job.name}-{secrets.token_hex(3)}"
-        ckpt = Path(spec.checkpoint.dir)
-        if not ckpt.is_absolute():
-            spec.checkpoint.dir = str(Path(req.workdir or ".") / ckpt)
-        job = JobRecord(
-            id=job_id,
-            name=spec.job.name,
-            spec=spec,
-            workdir=req.workdir,
-            target_steps=spec.train.steps,
-            resume_step=req.resume_step,
-            resume_job=req.resume_job,
-            submitted_at=time.time(),
-        )
-        self.jobs[job_id] = job
-        await self.save(job)
-        await self.publish(
-            JobSubmitted(
-                job=job_id,
-                name=spec.job.name,
-                nodes=spec.job.nodes,
-                gpus_per_node=spec.job.gpus_per_node,
-                message=f"submitted from {req.source or 'api'}",
-            )
-        )
-        return ApiReply(ok=True, job=job_id)
-
-    async def control(self, req: JobControl) -> ApiReply:
-        job = self.jobs.get(req.job)
-        if job is None:
-            return ApiReply(ok=False, error=f"no job {req.job!r}")
-        if job.state.terminal:
-            return ApiReply(ok=False, error=f"job {job.id} is already {job.state.value}")
-        match req.action:
-            case "pause" | "resume":
-                # The operator's pause is a condition on the job, through the same path as
-                # a fault's: resuming closes only the operator's own reason.
-                opened = req.action == "pause"
-                cond = Condition(
-                    kind=ConditionKind.OPERATOR,
-                    job=job.id,
-                    active=opened,
-                    severity=Severity.INFO,
-                    reason=f"operator {'pause' if opened else 'resume'}",
-                )
-                for action in policy.on_condition(job, cond):
-                    await self.apply(job, action)
-            case "checkpoint":
-                await self._checkpoint(job, "operator request")
-            case "stop":
-                await self._stop(job, "stop requested by operator")
-        if not job.state.terminal:
-            await self.save(job)
-        if req.action == "resume" and job.pause_reasons:
-            held = ", ".join(job.pause_reasons)
-            return ApiReply(ok=False, job=job.id, error=f"job {job.id} stays paused: {held}")
-        return ApiReply(ok=True, job=job.id)
 
     # -- actions ----------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from ringmaster.procs import wait_until
 from trainer.thread_cpu import cpu_s, started_by, task_ids
 
 if not task_ids():
@@ -44,5 +45,9 @@ def test_a_thread_that_is_gone_counts_nothing() -> None:
     worker = threading.Thread(target=lambda: None)
     worker.start()
     worker.join()
-    assert cpu_s(frozenset({worker.native_id or 0})) == 0.0
+    tid = worker.native_id or 0
+    # join() returns once Python is done with the thread; the kernel reaps its task a
+    # moment later, and until then its run time is still there to read
+    wait_until(lambda: tid not in task_ids(), timeout=30)
+    assert cpu_s(frozenset({tid})) == 0.0
     assert cpu_s(frozenset()) == 0.0

@@ -1,0 +1,94 @@
+"""The operator's requests, as the job manager takes them in: a job submitted, and a
+pause, resume, checkpoint or stop of one. A base of :class:`coordinator.jobs.JobManager`,
+apart only to keep each module small; an operator's pause is a condition on the job,
+decided by the policy like a fault's."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from coordinator import actions, policy
+from proto.api import ApiReply, JobControl, SubmitJob
+from proto.conditions import Condition, ConditionKind, Severity
+from proto.events import EventBase, JobSubmitted
+from proto.job import JobRecord
+
+
+class OperatorInputs:
+    jobs: dict[str, JobRecord]
+    publish: Callable[[EventBase], Awaitable[None]]
+
+    async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
+        raise NotImplementedError
+
+    async def save(self, job: JobRecord) -> None:
+        raise NotImplementedError
+
+    async def _checkpoint(self, job: JobRecord, reason: str) -> None:
+        raise NotImplementedError
+
+    async def _stop(self, job: JobRecord, reason: str) -> None:
+        raise NotImplementedError
+
+    async def submit(self, req: SubmitJob) -> ApiReply:
+        spec = req.spec
+        job_id = f"{spec.job.name}-{secrets.token_hex(3)}"
+        ckpt = Path(spec.checkpoint.dir)
+        if not ckpt.is_absolute():
+            spec.checkpoint.dir = str(Path(req.workdir or ".") / ckpt)
+        job = JobRecord(
+            id=job_id,
+            name=spec.job.name,
+            spec=spec,
+            workdir=req.workdir,
+            target_steps=spec.train.steps,
+            resume_step=req.resume_step,
+            resume_job=req.resume_job,
+            submitted_at=time.time(),
+        )
+        self.jobs[job_id] = job
+        await self.save(job)
+        await self.publish(
+            JobSubmitted(
+                job=job_id,
+                name=spec.job.name,
+                nodes=spec.job.nodes,
+                gpus_per_node=spec.job.gpus_per_node,
+                message=f"submitted from {req.source or 'api'}",
+            )
+        )
+        return ApiReply(ok=True, job=job_id)
+
+    async def control(self, req: JobControl) -> ApiReply:
+        job = self.jobs.get(req.job)
+        if job is None:
+            return ApiReply(ok=False, error=f"no job {req.job!r}")
+        if job.state.terminal:
+            return ApiReply(ok=False, error=f"job {job.id} is already {job.state.value}")
+        match req.action:
+            case "pause" | "resume":
+                # The operator's pause is a condition on the job, through the same path as
+                # a fault's: resuming closes only the operator's own reason.
+                opened = req.action == "pause"
+                cond = Condition(
+                    kind=ConditionKind.OPERATOR,
+                    job=job.id,
+                    active=opened,
+                    severity=Severity.INFO,
+                    reason=f"operator {'pause' if opened else 'resume'}",
+                )
+                for action in policy.on_condition(job, cond):
+                    await self.apply(job, action)
+            case "checkpoint":
+                await self._checkpoint(job, "operator request")
+            case "stop":
+                await self._stop(job, "stop requested by operator")
+        if not job.state.terminal:
+            await self.save(job)
+        if req.action == "resume" and job.pause_reasons:
+            held = ", ".join(job.pause_reasons)
+            return ApiReply(ok=False, job=job.id, error=f"job {job.id} stays paused: {held}")
+        return ApiReply(ok=True, job=job.id)
