@@ -19,8 +19,10 @@ recover. A spot notice means nothing to torchrun: the node vanishes at its deadl
 
 For every fault: seconds from the fault to the first training step of the attempt after
 it (from the ranks' own log lines, ``wall=`` Unix time), and the steps redone (the newest
-step logged before that attempt started minus the step it resumed from). ``--cap``
-seconds without a step counts as not recovered.
+step logged before that attempt started minus the step it resumed from); with the memory
+tier, also the spacing of its snapshots the ranks had set by the fault (their last
+``memory_tier`` line), which bounds the steps a fault may cost. ``--cap`` seconds without
+a step counts as not recovered.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cluster_harness import (
     TINY,
     Ctl,
+    Record,
     newest_step,
     read_records,
     recovered,
@@ -69,6 +72,15 @@ class Result:
     seconds: float | None  # None: no step within the cap
     redone: int | None
     note: str = ""
+    every: int | None = None  # the memory tier's cadence the ranks had set by the fault
+
+
+def cadence_at(records: list[Record], before: float) -> int | None:
+    """The memory tier's spacing in steps that the ranks' last ``memory_tier`` line
+    before ``before`` set (None: no tier, or none logged yet)."""
+    set_by = [r for r in records if r.event == "memory_tier" and r.wall <= before]
+    every = set_by[-1].fields.get("every_steps") if set_by else None
+    return int(every) if every is not None else None
 
 
 def measure(logs: Callable[[], list[Path]], fault_at: float, cap: float, note: str = "") -> Result:
@@ -78,8 +90,10 @@ def measure(logs: Callable[[], list[Path]], fault_at: float, cap: float, note: s
     wall, started, resumed = found
     # every step trained before the next attempt started (after a notice, the ranks train
     # on until they stop) and not carried over by its checkpoint is redone
-    before = newest_step(read_records(logs()), started)
-    return Result("", round(wall - fault_at, 2), max(0, before - resumed), note)
+    records = read_records(logs())
+    before = newest_step(records, started)
+    every = cadence_at(records, fault_at)
+    return Result("", round(wall - fault_at, 2), max(0, before - resumed), note, every)
 
 
 # -- Ringmaster ------------------------------------------------------------------------
@@ -254,7 +268,8 @@ def _cell(r: Result | None) -> str:
         return "—"
     if r.seconds is None:
         return "never"
-    return f"{r.seconds:.1f} s ({r.redone} redone)"
+    every = f", snapshots every {r.every}" if r.every is not None else ""
+    return f"{r.seconds:.1f} s ({r.redone} redone{every})"
 
 
 def table(columns: dict[str, list[Result]]) -> str:
@@ -321,6 +336,10 @@ def main() -> int:
         seconds = [r.seconds for r in runs[name] if r.seconds is not None]
         if seconds:
             print(f"median {statistics.median(seconds):.1f} s, worst {max(seconds):.1f} s")
+        spaced = [r for r in runs[name] if r.every is not None and r.redone is not None]
+        if spaced:
+            within = sum(1 for r in spaced if (r.redone or 0) <= (r.every or 0))
+            print(f"redone within the snapshots' spacing: {within} of {len(spaced)} faults")
     if args.json:
         args.json.write_text(
             json.dumps(

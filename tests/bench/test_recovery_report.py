@@ -1,0 +1,45 @@
+"""What ``bench/recovery.py`` reads off the ranks' own log lines for one fault: the
+seconds to the next step, the steps redone, and the memory tier's spacing the ranks had
+set by the fault (the bound the steps redone are held to). No cluster: log files written
+in the ranks' own format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.cluster_harness import read_records
+from bench.recovery import cadence_at, measure
+from ringmaster.logfmt import render
+
+
+def _line(wall: float, event: str, **fields: object) -> str:
+    head = {"trainer": True, "t": "0.00", "wall": f"{wall:.3f}", "rank": 0, "attempt": 0}
+    return render({**head, "event": event, **fields})
+
+
+def _write(path: Path, lines: list[str]) -> list[Path]:
+    path.write_text("\n".join([*lines, "an unrelated line a rank printed"]) + "\n")
+    return [path]
+
+
+def test_a_fault_reads_its_seconds_steps_redone_and_the_spacing_set_before_it(
+    tmp_path: Path,
+) -> None:
+    lines = [_line(100.0 + s, "step", step=s) for s in range(1, 41)]
+    lines.insert(5, _line(105.5, "memory_tier", step=5, every_steps=12))
+    lines.insert(20, _line(120.5, "memory_tier", step=20, every_steps=8))
+    lines += [  # the fault at 150.2; the next attempt resumes at 36 from memory
+        _line(160.0, "memory_tier", step=44, every_steps=30),  # set after the fault
+        _line(151.0, "start", step=36),
+        _line(152.7, "step", step=37),
+    ]
+    logs = _write(tmp_path / "rank-0.log", lines)
+    result = measure(lambda: logs, 150.2, cap=5.0)
+    assert result.seconds == 2.5
+    assert result.redone == 40 - 36
+    assert result.every == 8
+
+
+def test_no_tier_line_is_no_spacing(tmp_path: Path) -> None:
+    logs = _write(tmp_path / "rank-0.log", [_line(100.0, "step", step=1)])
+    assert cadence_at(read_records(logs), 200.0) is None
