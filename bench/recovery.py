@@ -73,6 +73,10 @@ class Result:
     redone: int | None
     note: str = ""
     every: int | None = None  # the memory tier's cadence the ranks had set by the fault
+    # from the first rank process started after the fault to the first step: the part of
+    # the recovery a restore (memory or durable) is in
+    started_to_step: float | None = None
+    inject_s: float | None = None  # how long the inject command took (the fault is in it)
 
 
 def cadence_at(records: list[Record], before: float) -> int | None:
@@ -93,7 +97,10 @@ def measure(logs: Callable[[], list[Path]], fault_at: float, cap: float, note: s
     records = read_records(logs())
     before = newest_step(records, started)
     every = cadence_at(records, fault_at)
-    return Result("", round(wall - fault_at, 2), max(0, before - resumed), note, every)
+    began = next((r.wall for r in records if r.event == "started" and r.wall > fault_at), None)
+    started_to_step = round(wall - began, 2) if began is not None else None
+    redone = max(0, before - resumed)
+    return Result("", round(wall - fault_at, 2), redone, note, every, started_to_step)
 
 
 # -- Ringmaster ------------------------------------------------------------------------
@@ -129,7 +136,9 @@ def ringmaster(
             node = status["nodes"][min(index, len(status["nodes"]) - 1)]
             fault_at = time.time()
             ctl("inject", node, form)
+            inject_s = time.time() - fault_at
             result = measure(lambda: ctl.logs(job), fault_at, cap)
+            result.inject_s = round(inject_s, 2)
             result.fault, result.note = fault, f"{form} on {node}; " + result.note
             results.append(result)
             done_at = ctl.status(job)["step"]
@@ -290,6 +299,17 @@ def table(columns: dict[str, list[Result]]) -> str:
     return "\n".join(rows)
 
 
+def restart_table(columns: dict[str, list[Result]]) -> str:
+    """The part of each recovery that a restore is in, per fault and run."""
+    by = {name: {r.fault: r for r in results} for name, results in columns.items() if results}
+    rows = ["| fault | " + " | ".join(by) + " |", "|---" * (len(by) + 1) + "|"]
+    for fault in FAULTS:
+        cells = [by[n].get(fault) for n in by]
+        text = [f"{c.started_to_step:.2f} s" if c and c.started_to_step else "—" for c in cells]
+        rows.append(f"| {fault} | " + " | ".join(text) + " |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=3000)
@@ -324,6 +344,8 @@ def main() -> int:
                 )
                 print(f"  {fault}: {theirs[-1]}", file=sys.stderr)
     print(table(runs))
+    print("\nFrom the first rank process started after the fault to the first step:")
+    print(restart_table(runs))
     for name, summary in summaries.items():
         job = summary.get("job") or {}
         assert isinstance(job, dict)
@@ -336,6 +358,9 @@ def main() -> int:
         seconds = [r.seconds for r in runs[name] if r.seconds is not None]
         if seconds:
             print(f"median {statistics.median(seconds):.1f} s, worst {max(seconds):.1f} s")
+        took = [r.inject_s for r in runs[name] if r.inject_s is not None]
+        if took:
+            print(f"the inject command took {min(took):.1f}–{max(took):.1f} s (the fault is in it)")
         spaced = [r for r in runs[name] if r.every is not None and r.redone is not None]
         if spaced:
             within = sum(1 for r in spaced if (r.redone or 0) <= (r.every or 0))

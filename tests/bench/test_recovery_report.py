@@ -1,7 +1,7 @@
 """What ``bench/recovery.py`` reads off the ranks' own log lines for one fault: the
-seconds to the next step, the steps redone, and the memory tier's spacing the ranks had
-set by the fault (the bound the steps redone are held to). No cluster: log files written
-in the ranks' own format."""
+seconds to the next step (and from the new ranks' start to it), the steps redone, and the
+memory tier's spacing the ranks had set by the fault (the bound the steps redone are held
+to). No cluster: log files written in the ranks' own format."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def test_a_fault_reads_its_seconds_steps_redone_and_the_spacing_set_before_it(
     lines.insert(20, _line(120.5, "memory_tier", step=20, every_steps=8))
     lines += [  # the fault at 150.2; the next attempt resumes at 36 from memory
         _line(160.0, "memory_tier", step=44, every_steps=30),  # set after the fault
+        _line(150.9, "started", pid=7),
         _line(151.0, "start", step=36),
         _line(152.7, "step", step=37),
     ]
@@ -38,6 +39,7 @@ def test_a_fault_reads_its_seconds_steps_redone_and_the_spacing_set_before_it(
     assert result.seconds == 2.5
     assert result.redone == 40 - 36
     assert result.every == 8
+    assert result.started_to_step == 1.8
 
 
 def test_no_tier_line_is_no_spacing(tmp_path: Path) -> None:
