@@ -281,32 +281,32 @@ def _cell(r: Result | None) -> str:
     return f"{r.seconds:.1f} s ({r.redone} redone{every})"
 
 
-def table(columns: dict[str, list[Result]]) -> str:
-    """One row per fault, one column per run; the ratio of the last column (torchrun,
-    when run) to the first."""
+def _restart_cell(r: Result | None) -> str:
+    return f"{r.started_to_step:.2f} s" if r and r.started_to_step is not None else "—"
+
+
+def table(
+    columns: dict[str, list[Result]],
+    cell: Callable[[Result | None], str] = _cell,
+    ratio: bool = True,
+) -> str:
+    """One row per fault, one column per run, each cell by ``cell``; with ``ratio``, the
+    ratio of the last column's seconds (torchrun, when run) to the first's."""
     by = {name: {r.fault: r for r in results} for name, results in columns.items() if results}
     names = list(by)
-    rows = ["| fault | " + " | ".join(names) + " | ratio |", "|---" * (len(names) + 2) + "|"]
+    head = [*names, "ratio"] if ratio else names
+    rows = ["| fault | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for fault in FAULTS:
         cells = [by[n].get(fault) for n in names]
-        a, b = cells[0], cells[-1]
-        ratio = "—"
-        if len(cells) > 1 and a and b and a.seconds and b.seconds:
-            ratio = f"{b.seconds / a.seconds:.1f}×"
-        elif len(cells) > 1 and a and a.seconds and b and b.seconds is None:
-            ratio = f"∞ ({names[-1]} never recovers)"
-        rows.append(f"| {fault} | " + " | ".join(_cell(c) for c in cells) + f" | {ratio} |")
-    return "\n".join(rows)
-
-
-def restart_table(columns: dict[str, list[Result]]) -> str:
-    """The part of each recovery that a restore is in, per fault and run."""
-    by = {name: {r.fault: r for r in results} for name, results in columns.items() if results}
-    rows = ["| fault | " + " | ".join(by) + " |", "|---" * (len(by) + 1) + "|"]
-    for fault in FAULTS:
-        cells = [by[n].get(fault) for n in by]
-        text = [f"{c.started_to_step:.2f} s" if c and c.started_to_step else "—" for c in cells]
-        rows.append(f"| {fault} | " + " | ".join(text) + " |")
+        row = [cell(c) for c in cells]
+        if ratio:
+            a, b = cells[0], cells[-1]
+            row.append("—")
+            if len(cells) > 1 and a and b and a.seconds and b.seconds:
+                row[-1] = f"{b.seconds / a.seconds:.1f}×"
+            elif len(cells) > 1 and a and a.seconds and b and b.seconds is None:
+                row[-1] = f"∞ ({names[-1]} never recovers)"
+        rows.append(f"| {fault} | " + " | ".join(row) + " |")
     return "\n".join(rows)
 
 
@@ -345,7 +345,7 @@ def main() -> int:
                 print(f"  {fault}: {theirs[-1]}", file=sys.stderr)
     print(table(runs))
     print("\nFrom the first rank process started after the fault to the first step:")
-    print(restart_table(runs))
+    print(table(runs, _restart_cell, ratio=False))
     for name, summary in summaries.items():
         job = summary.get("job") or {}
         assert isinstance(job, dict)
@@ -361,9 +361,9 @@ def main() -> int:
         took = [r.inject_s for r in runs[name] if r.inject_s is not None]
         if took:
             print(f"the inject command took {min(took):.1f}–{max(took):.1f} s (the fault is in it)")
-        spaced = [r for r in runs[name] if r.every is not None and r.redone is not None]
+        spaced = [(r.redone, r.every) for r in runs[name] if r.every is not None]
         if spaced:
-            within = sum(1 for r in spaced if (r.redone or 0) <= (r.every or 0))
+            within = sum(1 for redone, every in spaced if redone is not None and redone <= every)
             print(f"redone within the snapshots' spacing: {within} of {len(spaced)} faults")
     if args.json:
         args.json.write_text(
