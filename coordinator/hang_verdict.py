@@ -10,6 +10,10 @@ node cannot reach. So the verdict waits until the job's nodes' probes can have s
 until the network names a suspect, and is then given with the evidence there is. A hang
 with a culprit (a stopped process, a silent beat) is never held.
 
+A job that steps past the hang's step while its verdict waits was slow, not hung (a
+starved machine stretches one step past the floor; every rank then looks stalled in a
+collective): the nodes' newest word is progress, and the held hang is dropped.
+
 The held hang is part of the job's record (``JobRecord.held_hang``, wall time), so a
 leader taking over gives the verdict its predecessor was waiting to give.
 """
@@ -46,13 +50,15 @@ def ready(
     jobs: Mapping[str, JobRecord], now: float, evidence: Callable[[JobRecord], bool]
 ) -> list[tuple[JobRecord, WorkerHung]]:
     """The held hangs whose verdict is due: the network's ``evidence`` is in, or the wait
-    is over. A hang of an attempt that has moved on is dropped: its fate is decided."""
+    is over. A hang of an attempt that has moved on is dropped: its fate is decided; so is
+    one the job has stepped past since: it was a slow step."""
     out = []
     for job in jobs.values():
         held = job.held_hang
         if held is None:
             continue
-        if held.attempt != job.attempt or job.state not in WAITING:
+        stepped_past = job.attempt == held.attempt and job.step > held.step
+        if held.attempt != job.attempt or job.state not in WAITING or stepped_past:
             job.held_hang = None
         elif now >= held.until or evidence(job):
             job.held_hang = None

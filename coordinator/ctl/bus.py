@@ -15,10 +15,11 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from coordinator.ctl.errors import CtlError
+from coordinator.kvstore import live_keys
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import api_reply_decoder, encode
@@ -35,6 +36,7 @@ class Session:
     url: str
     # the server's "permissions violation" notices, which arrive apart from the request
     denied: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
+    unreadable: list[str] = field(default_factory=list)
 
     async def bucket(self, what: str) -> KeyValue:
         try:
@@ -46,14 +48,21 @@ class Session:
             ) from None
 
     async def records(self, what: str, kind: type[T]) -> list[T]:
+        """Every record of a bucket; one that does not decode is named in ``unreadable``
+        (``status`` prints it as a warning) instead of vanishing from the listing."""
         kv = await self.bucket(what)
         out: list[T] = []
-        with contextlib.suppress(NotFoundError, NoKeysError):
-            for key in await kv.keys():
-                with contextlib.suppress(NotFoundError, msgspec.DecodeError):
-                    entry = await kv.get(key)
-                    if entry.value:
-                        out.append(msgspec.json.decode(entry.value, type=kind))
+        for key in await live_keys(kv):
+            try:
+                entry = await kv.get(key)
+            except NotFoundError:  # deleted, or gone since the listing
+                continue
+            if not entry.value:
+                continue
+            try:
+                out.append(msgspec.json.decode(entry.value, type=kind))
+            except msgspec.DecodeError as exc:
+                self.unreadable.append(f"{what} record {key!r} does not decode: {exc}")
         return out
 
     async def record(self, what: str, key: str, kind: type[T]) -> T | None:
@@ -62,7 +71,12 @@ class Session:
             entry = await kv.get(key)
         except (NotFoundError, ValueError):
             return None
-        return msgspec.json.decode(entry.value, type=kind) if entry.value else None
+        if not entry.value:
+            return None
+        try:
+            return msgspec.json.decode(entry.value, type=kind)
+        except msgspec.DecodeError as exc:
+            raise CtlError(f"{what} record {key!r} does not decode: {exc}") from None
 
     async def ask(self, verb: str, request: object, timeout: float = 15.0) -> ApiReply:
         asked = asyncio.ensure_future(

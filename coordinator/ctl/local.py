@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import msgspec
-from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from coordinator.auth import OPERATOR, SIMULATOR, agent_user, creds_path
 from coordinator.auth import init as init_auth
@@ -35,7 +35,7 @@ from coordinator.ctl.home import (
 )
 from coordinator.ctl.spawn import spawn
 from coordinator.embedded_nats import NatsServerMissing, start_nats_server
-from coordinator.kvstore import Buckets, bind
+from coordinator.kvstore import Buckets, bind, live_keys
 from proto.node import NodeRecord, NodeState
 from ringmaster import memory_store
 from ringmaster.bus import connect
@@ -204,13 +204,12 @@ async def await_nodes(
                 if not found:
                     return False
             buckets = found[0]
-            with contextlib.suppress(NoKeysError):
-                for key in await buckets.nodes.keys():
+            for key in await live_keys(buckets.nodes):
+                with contextlib.suppress(NotFoundError, msgspec.DecodeError):
                     entry = await buckets.nodes.get(key)
-                    if entry.value:
-                        record = msgspec.json.decode(entry.value, type=NodeRecord)
-                        if record.state is not NodeState.LOST:
-                            seen[record.id] = record
+                    record = msgspec.json.decode(entry.value or b"", type=NodeRecord)
+                    if record.state is not NodeState.LOST:
+                        seen[record.id] = record
             return set(seen) >= set(local.nodes)
 
         await wait_until_async(all_seen, timeout, interval=0.2)

@@ -258,6 +258,8 @@ async def _remote(
             return await _wait(s, reply.job) if args.wait else 0
         if cmd == "status":
             data = await status_json(s, args.job)
+            for line in s.unreadable:
+                print(f"warning: {line}", file=sys.stderr)
             if args.json or args.output == "json":
                 print(json.dumps(data, indent=2))
             else:

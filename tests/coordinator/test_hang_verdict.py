@@ -9,7 +9,7 @@ import time
 
 import pytest
 from test_job_recovery import launched
-from test_jobs import Cluster
+from test_jobs import Cluster, rank0
 from test_policy_network import cannot_reach
 
 from coordinator import hang_verdict
@@ -17,6 +17,7 @@ from coordinator.jobs import JobManager
 from proto.conditions import Severity, condition_key
 from proto.events import WorkerHung
 from proto.job import JobRecord, JobState
+from proto.progress import StepDone
 
 pytestmark = pytest.mark.anyio
 
@@ -100,6 +101,25 @@ async def test_without_the_networks_word_the_wait_ends_in_a_plain_restart(
     await m.tick()
     assert job.state is JobState.RECOVERING and job.restarts == 1
     assert not job.excluded  # no node blamed without evidence
+
+
+async def test_a_job_that_steps_past_a_held_hang_was_slow_and_is_not_restarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loaded machine stretches one step past the floor: every rank looks stalled in a
+    collective, then the step completes. The nodes' newest word wins over the held one."""
+    monkeypatch.setattr(hang_verdict, "SLACK_S", -10.0)  # the wait is over at once
+    c = Cluster(nodes=4)
+    m = c.leader()
+    job = await three_nodes(c, m)
+    probing(c)
+    await rank0(m, StepDone(job=job.id, step=5))
+    await m.on_event(waiting(job))  # hung after step 5
+    assert job.held_hang is not None
+    await rank0(m, StepDone(job=job.id, step=6))
+    await m.tick()
+    assert job.state is JobState.RUNNING and job.restarts == 0, job.reason
+    assert job.held_hang is None
 
 
 async def test_with_the_networks_word_in_or_no_probes_a_hang_is_decided_at_once() -> None:
