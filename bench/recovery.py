@@ -1,7 +1,7 @@
 """Recovery time per fault class, Ringmaster against torchrun elastic, in the same run.
 
     .venv/bin/python bench/recovery.py [--steps 3000] [--only ringmaster|torchrun]
-        [--memory both|on|off] [--no-baseline] [--cap 150] [--json OUT.json]
+        [--memory both|on|off] [--first on|off] [--no-baseline] [--cap 150] [--json OUT.json]
 
 Ringmaster: ``coordinatorctl up --nodes 4``, one 2-rank ``examples/tiny.toml`` job
 (checkpoint every 100 steps, ``job.min_nodes=1``, default policy), and the faults one after
@@ -10,7 +10,9 @@ another on the same job, each once the job has trained 30 steps since the last:
 rendezvous master's node, ``hang`` (SIGSTOP) of a rank, ``spot-notice=20``. Then the job
 must complete; its final loss is printed beside an uninterrupted run's from the same seed.
 ``--memory both`` (the default) runs that job twice, with the memory tier on and off
-(``checkpoint.memory_tier=false``), for the two columns of the same run.
+(``checkpoint.memory_tier=false``), for the two columns of the same run; ``--first``
+says which half runs first, so that a machine busier in one half can be told apart from
+the tier's own cost by running both orders.
 
 torchrun: two ``torchrun --nnodes=1:2 --rdzv-backend=c10d`` agents on this machine (one
 rank each, the first hosts the rendezvous store: the "master node"), the same trainer and
@@ -77,6 +79,8 @@ class Result:
     # the recovery a restore (memory or durable) is in
     started_to_step: float | None = None
     inject_s: float | None = None  # how long the inject command took (the fault is in it)
+    to_started: float | None = None  # from the fault to the first new rank process
+    restore_s: float | None = None  # the slowest new rank's resume (memory or durable load)
 
 
 def cadence_at(records: list[Record], before: float) -> int | None:
@@ -100,7 +104,22 @@ def measure(logs: Callable[[], list[Path]], fault_at: float, cap: float, note: s
     began = next((r.wall for r in records if r.event == "started" and r.wall > fault_at), None)
     started_to_step = round(wall - began, 2) if began is not None else None
     redone = max(0, before - resumed)
-    return Result("", round(wall - fault_at, 2), redone, note, every, started_to_step)
+    result = Result("", round(wall - fault_at, 2), redone, note, every, started_to_step)
+    result.to_started = round(began - fault_at, 2) if began is not None else None
+    result.restore_s = restore_took(records, fault_at, wall)
+    return result
+
+
+def restore_took(records: list[Record], after: float, before: float) -> float | None:
+    """The slowest rank's resume (its ``took_s``) between ``after`` and ``before``: every
+    rank must have resumed before any steps."""
+    took = [
+        float(r.fields["took_s"])
+        for r in records
+        if r.event in ("resumed_from", "fresh_start") and after < r.wall <= before
+        if "took_s" in r.fields
+    ]
+    return max(took) if took else None
 
 
 # -- Ringmaster ------------------------------------------------------------------------
@@ -282,7 +301,13 @@ def _cell(r: Result | None) -> str:
 
 
 def _restart_cell(r: Result | None) -> str:
-    return f"{r.started_to_step:.2f} s" if r and r.started_to_step is not None else "—"
+    """Where the seconds went: fault → new ranks started, started → first step (of it,
+    the slowest rank's resume)."""
+    if r is None or r.started_to_step is None:
+        return "—"
+    head = f"{r.to_started:.2f} + " if r.to_started is not None else ""
+    resume = f" (resume {r.restore_s:.2f})" if r.restore_s is not None else ""
+    return f"{head}{r.started_to_step:.2f} s{resume}"
 
 
 def table(
@@ -318,12 +343,16 @@ def main() -> int:
     parser.add_argument("--gap", type=float, default=GAP_S)
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--memory", choices=("both", "on", "off"), default="both")
+    parser.add_argument(
+        "--first", choices=("on", "off"), default="on", help="with --memory both: which runs first"
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted run")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     runs: dict[str, list[Result]] = {}
     summaries: dict[str, dict[str, object]] = {}
-    tiers = {"both": (True, False), "on": (True,), "off": (False,)}[args.memory]
+    both = (True, False) if args.first == "on" else (False, True)
+    tiers = {"both": both, "on": (True,), "off": (False,)}[args.memory]
     with tempfile.TemporaryDirectory(prefix="ringmaster-recovery-") as tmp:
         root = Path(tmp)
         if args.only != "torchrun":
@@ -344,7 +373,10 @@ def main() -> int:
                 )
                 print(f"  {fault}: {theirs[-1]}", file=sys.stderr)
     print(table(runs))
-    print("\nFrom the first rank process started after the fault to the first step:")
+    print(
+        "\nFault → first new rank process + from it to the first step "
+        "(of which the slowest rank's resume):"
+    )
     print(table(runs, _restart_cell, ratio=False))
     for name, summary in summaries.items():
         job = summary.get("job") or {}

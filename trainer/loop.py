@@ -108,6 +108,7 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest checkpoint every rank can verify, if there is one: the memory
         tier's when it is newer than the durable one."""
+        began = time.perf_counter()
         root, coord = self.checkpointer.root, self.checkpointer.coord
         found = find_resumable(root, coord, self._files_for)
         durable_step = found[0].step if found is not None else None
@@ -120,18 +121,24 @@ class Trainer:
                 tier.discard_restore()
                 self.checkpointer.last_step = self.checkpointer.durable_step = durable_step
                 self.checkpointer.memory_last = self.checkpointer.memory_sealed = self.step
-                self.log("resumed_from", step=self.step, tier="memory", durable=durable_step)
+                took = {**tier.restore_parts, "took_s": round(time.perf_counter() - began, 3)}
+                self.log(
+                    "resumed_from", step=self.step, tier="memory", durable=durable_step, **took
+                )
                 return
         if found is None:
             why = coord.broadcast(self._unusable() if self.rank == 0 else None)
             if why is not None:
                 raise ResumeError(why)
-            self.log("fresh_start")
+            self.log("fresh_start", took_s=round(time.perf_counter() - began, 3))
             return
         manifest, step_dir = found
         self._load(manifest, step_dir)
         job = manifest.job or "unrecorded"
-        self.log("resumed_from", step=self.step, tier="durable", job=job, path=step_dir)
+        took_s = round(time.perf_counter() - began, 3)
+        self.log(
+            "resumed_from", step=self.step, tier="durable", job=job, path=step_dir, took_s=took_s
+        )
 
     def _memory_needs(self, manifest: durable.Manifest, rank: int) -> list[str] | None:
         files = self.engine.memory_files(manifest, rank)

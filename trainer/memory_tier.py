@@ -86,6 +86,8 @@ class MemoryTier:
     cadence: Cadence
     to: dict[int, int] = field(init=False)
     source: dict[int, int] = field(init=False)
+    # the last restore's parts in seconds (offers, transfer, verify), for the rank's log
+    restore_parts: dict[str, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.to, self.source = buddy_ranks(self.nodes)
@@ -167,19 +169,25 @@ class MemoryTier:
         load at this world size, assembled in this rank's restore dir and verified; None
         (on every rank) when there is none. ``needs(manifest, rank)``: the files rank
         loads, None when it cannot load that step (the engine does not reshard it)."""
+        began = time.perf_counter()
         sealed = self.store.sealed()
         offers = self.coord.all_gather(
             {step: (m, present) for step, (m, present) in sealed.items() if step > after}
         )
         chosen = _choose(offers, self.coord.world_size, needs)
+        self.restore_parts = {"offers_s": round(time.perf_counter() - began, 3)}
         if chosen is None:
             return None
         step, manifest, plan = chosen
         restore = self.store.restore_dir(self.coord.rank) / durable.step_dir_name(step)
         mine = needs(manifest, self.coord.rank) or []
         try:
+            began = time.perf_counter()
             self._assemble(step, manifest, plan, restore, mine)
+            self.restore_parts["transfer_s"] = round(time.perf_counter() - began, 3)
+            began = time.perf_counter()
             ok = all(durable.verify(restore, manifest, name) for name in mine)
+            self.restore_parts["verify_s"] = round(time.perf_counter() - began, 3)
         except OSError:
             ok = False
         if not self.coord.all_true(ok):

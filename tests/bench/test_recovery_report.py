@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.cluster_harness import read_records
-from bench.recovery import cadence_at, measure
+from bench.recovery import _restart_cell, cadence_at, measure
 from ringmaster.logfmt import render
 
 
@@ -32,6 +32,8 @@ def test_a_fault_reads_its_seconds_steps_redone_and_the_spacing_set_before_it(
         _line(160.0, "memory_tier", step=44, every_steps=30),  # set after the fault
         _line(150.9, "started", pid=7),
         _line(151.0, "start", step=36),
+        _line(151.6, "resumed_from", step=36, tier="memory", took_s=0.41, transfer_s=0.2),
+        _line(151.7, "resumed_from", step=36, tier="memory", took_s=0.52, transfer_s=0.3),
         _line(152.7, "step", step=37),
     ]
     logs = _write(tmp_path / "rank-0.log", lines)
@@ -40,6 +42,9 @@ def test_a_fault_reads_its_seconds_steps_redone_and_the_spacing_set_before_it(
     assert result.redone == 40 - 36
     assert result.every == 8
     assert result.started_to_step == 1.8
+    assert result.to_started == 0.7  # from the fault to the new rank process
+    assert result.restore_s == 0.52  # the slowest rank's resume
+    assert _restart_cell(result) == "0.70 + 1.80 s (resume 0.52)"
 
 
 def test_no_tier_line_is_no_spacing(tmp_path: Path) -> None:

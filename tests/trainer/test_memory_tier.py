@@ -83,6 +83,10 @@ def assert_resumed(ranks: Any, tier: str, step: int, world: int) -> None:
     for rank in range(world):
         resumed = ranks.events(rank, "resumed_from")
         assert resumed and resumed[0]["tier"] == tier and resumed[0]["step"] == str(step)
+        # the restore's parts, in seconds, each within the whole
+        took = float(resumed[0]["took_s"])
+        parts = ("offers_s", "transfer_s", "verify_s") if tier == "memory" else ()
+        assert all(0 <= float(resumed[0][part]) <= took for part in parts), resumed[0]
 
 
 def resume_on(launch: Any, make_spec: MakeSpec, job: str, steps: int, *nodes: str) -> Any:
