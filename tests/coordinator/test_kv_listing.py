@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import nats
 import pytest
+from test_ctl_input import ctl
 
 from coordinator.embedded_nats import NatsServer
 from coordinator.kvstore import KvCasStore, ensure_layout, live_keys
@@ -34,19 +32,22 @@ async def test_every_listing_during_writes_has_every_key(nats_server: NatsServer
         await buckets.nodes.delete("gone")
         writes = (await ensure_layout(writer_nc.jetstream(), "local")).nodes
         stop = asyncio.Event()
+        written = [0]
 
-        async def rewrite() -> int:
-            n = 0
+        async def rewrite() -> None:
             while not stop.is_set():
-                await writes.put(KEYS[n % len(KEYS)], b'{"n": %d}' % n)
-                n += 1
-            return n
+                await writes.put(KEYS[written[0] % len(KEYS)], b'{"n": %d}' % written[0])
+                written[0] += 1
 
         writer = asyncio.create_task(rewrite())
-        listings = [await live_keys(buckets.nodes) for _ in range(200)]
+        listings, overlapped = [], 0
+        for _ in range(200):
+            before = written[0]
+            listings.append(await live_keys(buckets.nodes))
+            overlapped += written[0] > before  # a write landed while this listing ran
         stop.set()
-        written = await writer
-        assert written > 200, written  # the listings really ran beside the writes
+        await writer
+        assert overlapped > 0  # the listings really ran beside the writes
         assert all(listing == sorted([*KEYS, "gone"]) for listing in listings), listings
         store = KvCasStore(buckets.nodes)
         assert await store.get("gone") is None  # listed (its marker), read as absent
@@ -54,19 +55,6 @@ async def test_every_listing_during_writes_has_every_key(nats_server: NatsServer
     finally:
         await writer_nc.close()
         await nc.close()
-
-
-def _status(url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RINGMASTER_NATS": url, "RINGMASTER_HOME": str(tmp_path)}
-    return subprocess.run(
-        [sys.executable, "-m", "coordinator.ctl.main", "status", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.slow
@@ -80,13 +68,13 @@ async def test_status_names_a_record_it_cannot_read(
         await buckets.jobs.put("job-x", b'{"id": 7}')
     finally:
         await nc.close()
-    listed = await asyncio.to_thread(_status, nats_server.url, tmp_path, "--json")
+    listed = await asyncio.to_thread(ctl, nats_server.url, "status", "--json", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout)["nodes"] == []
     warnings = listed.stderr.splitlines()
     assert any(w.startswith("warning: nodes record 'node-x' does not decode") for w in warnings)
     assert any(w.startswith("warning: jobs record 'job-x' does not decode") for w in warnings)
-    one = await asyncio.to_thread(_status, nats_server.url, tmp_path, "job-x")
+    one = await asyncio.to_thread(ctl, nats_server.url, "status", "job-x", cwd=tmp_path)
     assert one.returncode == 1 and "Traceback" not in one.stderr, one.stderr
     lines = one.stderr.strip().splitlines()
     assert len(lines) == 1 and "jobs record 'job-x' does not decode" in lines[0], lines
