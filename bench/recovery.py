@@ -390,6 +390,12 @@ def main() -> int:
         seconds = [r.seconds for r in runs[name] if r.seconds is not None]
         if seconds:
             print(f"median {statistics.median(seconds):.1f} s, worst {max(seconds):.1f} s")
+        after = [r.seconds - r.inject_s for r in runs[name] if r.seconds and r.inject_s]
+        if after:
+            print(
+                "from the inject command's end (the fault is applied just before it): median "
+                f"{statistics.median(after):.1f} s, worst {max(after):.1f} s"
+            )
         took = [r.inject_s for r in runs[name] if r.inject_s is not None]
         if took:
             print(f"the inject command took {min(took):.1f}–{max(took):.1f} s (the fault is in it)")
