@@ -7,7 +7,8 @@ Ringmaster: ``coordinatorctl up --nodes 4``, one 2-rank ``examples/tiny.toml`` j
 (checkpoint every 100 steps, ``job.min_nodes=1``, default policy), and the faults one after
 another on the same job, each once the job has trained 30 steps since the last:
 ``kill-worker`` on the second node, ``lose-node`` on the second node, ``lose-node`` on the
-rendezvous master's node, ``hang`` (SIGSTOP) of a rank, ``spot-notice=20``. Then the job
+rendezvous master's node, ``hang`` (SIGSTOP) of a rank, ``spot-notice=20`` (``--faults``
+picks them, in its order; a fault named again is repeated, with a row of its own). Then the job
 must complete; its final loss is printed beside an uninterrupted run's from the same seed.
 ``--memory both`` (the default) runs that job twice, with the memory tier on and off
 (``checkpoint.memory_tier=false``), for the two columns of the same run; ``--first``
@@ -134,7 +135,13 @@ def _trained(ctl: Ctl, job: str, step: int, timeout: float) -> dict | None:  # t
 
 
 def ringmaster(
-    steps: int, cap: float, gap: float, root: Path, memory: bool, baseline: bool
+    steps: int,
+    cap: float,
+    gap: float,
+    root: Path,
+    memory: bool,
+    baseline: bool,
+    faults: tuple[str, ...] | list[str] = FAULTS,
 ) -> tuple[list[Result], dict[str, object]]:
     root.mkdir(parents=True, exist_ok=True)
     ctl = Ctl(root / "cluster", root)
@@ -145,7 +152,7 @@ def ringmaster(
     try:
         job = ctl("start", str(TINY), *sets, "--set", "job.min_nodes=1").strip()
         done_at = 0
-        for fault in FAULTS:
+        for fault in faults:
             if _trained(ctl, job, done_at + 1, cap * 2) is None:
                 results.append(Result(fault, None, None, "the job did not train again"))
                 break
@@ -159,6 +166,8 @@ def ringmaster(
             result = measure(lambda: ctl.logs(job), fault_at, cap)
             result.inject_s = round(inject_s, 2)
             result.fault, result.note = fault, f"{form} on {node}; " + result.note
+            if (n := sum(r.fault.split(" #")[0] == fault for r in results)) > 0:
+                result.fault = f"{fault} #{n + 1}"  # a repeated fault gets a row of its own
             results.append(result)
             done_at = ctl.status(job)["step"]
             print(f"  {fault}: {result}", file=sys.stderr)
@@ -321,7 +330,8 @@ def table(
     names = list(by)
     head = [*names, "ratio"] if ratio else names
     rows = ["| fault | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
-    for fault in FAULTS:
+    faults = dict.fromkeys(r.fault for results in columns.values() for r in results)
+    for fault in faults:
         cells = [by[n].get(fault) for n in names]
         row = [cell(c) for c in cells]
         if ratio:
@@ -362,7 +372,7 @@ def main() -> int:
                 baseline = i == 0 and not args.no_baseline
                 work = root / f"ringmaster-{'on' if memory else 'off'}"
                 runs[name], summaries[name] = ringmaster(
-                    args.steps, args.cap, args.gap, work, memory, baseline
+                    args.steps, args.cap, args.gap, work, memory, baseline, args.faults
                 )
         if args.only != "ringmaster":
             print("torchrun elastic: a fresh pair of agents per fault", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.cluster_harness import read_records
-from bench.recovery import _restart_cell, cadence_at, measure
+from bench.recovery import Result, _restart_cell, cadence_at, measure, table
 from ringmaster.logfmt import render
 
 
@@ -50,3 +50,14 @@ def test_a_fault_reads_its_seconds_steps_redone_and_the_spacing_set_before_it(
 def test_no_tier_line_is_no_spacing(tmp_path: Path) -> None:
     logs = _write(tmp_path / "rank-0.log", [_line(100.0, "step", step=1)])
     assert cadence_at(read_records(logs), 200.0) is None
+
+
+def test_a_repeated_fault_has_a_row_of_its_own_in_the_order_run() -> None:
+    def ran(fault: str, seconds: float) -> Result:
+        return Result(fault, seconds, 3, every=5)
+
+    on = [ran("rank stopped", 4.5), ran("rank stopped #2", 5.0)]
+    off = [ran("rank stopped", 4.0), ran("rank stopped #2", 6.0)]
+    rows = table({"on": on, "off": off}).splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| rank stopped", "| rank stopped #2"]
+    assert rows[1].endswith("| 1.2× |")  # off over on, this repeat's own figures
