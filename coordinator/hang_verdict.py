@@ -57,8 +57,7 @@ def ready(
         held = job.held_hang
         if held is None:
             continue
-        stepped_past = job.attempt == held.attempt and job.step > held.step
-        if held.attempt != job.attempt or job.state not in WAITING or stepped_past:
+        if held.attempt != job.attempt or job.state not in WAITING or job.step > held.step:
             job.held_hang = None
         elif now >= held.until or evidence(job):
             job.held_hang = None

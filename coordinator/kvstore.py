@@ -5,7 +5,9 @@ the bucket/stream set-up every coordinator runs at start (idempotent)."""
 from __future__ import annotations
 
 import contextlib
+from typing import TypeVar
 
+import msgspec
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import (
@@ -13,11 +15,14 @@ from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NotFoundError,
 )
 from nats.js.kv import KeyValue
 
 from coordinator.cas import Conflict
 from proto import subjects
+
+T = TypeVar("T")
 
 
 class KvCasStore:
@@ -64,6 +69,26 @@ async def live_keys(kv: KeyValue) -> list[str]:
     info = await kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}>")
     subjects = info.state.subjects or {}
     return sorted(s.removeprefix(prefix) for s in subjects)
+
+
+async def decoded(kv: KeyValue, kind: type[T]) -> tuple[list[T], list[str]]:
+    """Every record of a bucket as ``kind``, and a line for each that does not decode
+    (named, so that a reader can say so instead of dropping it in silence). A key deleted
+    or gone since the listing is skipped."""
+    out: list[T] = []
+    unreadable: list[str] = []
+    for key in await live_keys(kv):
+        try:
+            entry = await kv.get(key)
+        except NotFoundError:
+            continue
+        if not entry.value:
+            continue
+        try:
+            out.append(msgspec.json.decode(entry.value, type=kind))
+        except msgspec.DecodeError as exc:
+            unreadable.append(f"record {key!r} does not decode: {exc}")
+    return out, unreadable
 
 
 class Buckets:

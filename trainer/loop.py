@@ -109,6 +109,10 @@ class Trainer:
         """Load the newest checkpoint every rank can verify, if there is one: the memory
         tier's when it is newer than the durable one."""
         began = time.perf_counter()
+
+        def took_s() -> float:
+            return round(time.perf_counter() - began, 3)
+
         root, coord = self.checkpointer.root, self.checkpointer.coord
         found = find_resumable(root, coord, self._files_for)
         durable_step = found[0].step if found is not None else None
@@ -121,7 +125,7 @@ class Trainer:
                 tier.discard_restore()
                 self.checkpointer.last_step = self.checkpointer.durable_step = durable_step
                 self.checkpointer.memory_last = self.checkpointer.memory_sealed = self.step
-                took = {**tier.restore_parts, "took_s": round(time.perf_counter() - began, 3)}
+                took = {**tier.restore_parts, "took_s": took_s()}
                 self.log(
                     "resumed_from", step=self.step, tier="memory", durable=durable_step, **took
                 )
@@ -130,14 +134,13 @@ class Trainer:
             why = coord.broadcast(self._unusable() if self.rank == 0 else None)
             if why is not None:
                 raise ResumeError(why)
-            self.log("fresh_start", took_s=round(time.perf_counter() - began, 3))
+            self.log("fresh_start", took_s=took_s())
             return
         manifest, step_dir = found
         self._load(manifest, step_dir)
         job = manifest.job or "unrecorded"
-        took_s = round(time.perf_counter() - began, 3)
         self.log(
-            "resumed_from", step=self.step, tier="durable", job=job, path=step_dir, took_s=took_s
+            "resumed_from", step=self.step, tier="durable", job=job, path=step_dir, took_s=took_s()
         )
 
     def _memory_needs(self, manifest: durable.Manifest, rank: int) -> list[str] | None:

@@ -19,7 +19,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from coordinator.ctl.errors import CtlError
-from coordinator.kvstore import live_keys
+from coordinator.kvstore import decoded
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import api_reply_decoder, encode
@@ -50,20 +50,9 @@ class Session:
     async def records(self, what: str, kind: type[T]) -> list[T]:
         """Every record of a bucket; one that does not decode is named in ``unreadable``
         (``status`` prints it as a warning) instead of vanishing from the listing."""
-        kv = await self.bucket(what)
-        out: list[T] = []
-        for key in await live_keys(kv):
-            try:
-                entry = await kv.get(key)
-            except NotFoundError:  # deleted, or gone since the listing
-                continue
-            if not entry.value:
-                continue
-            try:
-                out.append(msgspec.json.decode(entry.value, type=kind))
-            except msgspec.DecodeError as exc:
-                self.unreadable.append(f"{what} record {key!r} does not decode: {exc}")
-        return out
+        found, unreadable = await decoded(await self.bucket(what), kind)
+        self.unreadable += [f"{what} {line}" for line in unreadable]
+        return found
 
     async def record(self, what: str, key: str, kind: type[T]) -> T | None:
         kv = await self.bucket(what)

@@ -35,7 +35,7 @@ from coordinator.ctl.home import (
 )
 from coordinator.ctl.spawn import spawn
 from coordinator.embedded_nats import NatsServerMissing, start_nats_server
-from coordinator.kvstore import Buckets, bind, live_keys
+from coordinator.kvstore import Buckets, bind, decoded
 from proto.node import NodeRecord, NodeState
 from ringmaster import memory_store
 from ringmaster.bus import connect
@@ -204,12 +204,8 @@ async def await_nodes(
                 if not found:
                     return False
             buckets = found[0]
-            for key in await live_keys(buckets.nodes):
-                with contextlib.suppress(NotFoundError, msgspec.DecodeError):
-                    entry = await buckets.nodes.get(key)
-                    record = msgspec.json.decode(entry.value or b"", type=NodeRecord)
-                    if record.state is not NodeState.LOST:
-                        seen[record.id] = record
+            records, _ = await decoded(buckets.nodes, NodeRecord)
+            seen.update((r.id, r) for r in records if r.state is not NodeState.LOST)
             return set(seen) >= set(local.nodes)
 
         await wait_until_async(all_seen, timeout, interval=0.2)
