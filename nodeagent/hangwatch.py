@@ -12,6 +12,9 @@ The rules, in order:
 - Start-up (a first step may compile for minutes), checkpoints, pauses and the end make
   no steps by design: a running rank in those phases is never hung, nor is one before its
   first step. Stalled time counts from the later of the last step and the phase's start.
+- A stretch the loop named (``loop`` phase: evaluation, data loading, its own saving,
+  through ``ringmaster.rank.phase``) is judged from its start by its own bound, the job's
+  threshold when it gave none.
 - The threshold is ``max(hang_step_factor × median step time, hang_floor_s)``.
 - A process stopped (state ``T``/``t``) makes no progress whatever its phase: stopped for
   the threshold (and at least :data:`STOPPED_MIN_S`), it is the culprit.
@@ -26,9 +29,10 @@ The rules, in order:
   their threshold, the lowest is reported as "culprit unknown" (:func:`fallback`), so a
   stall whose culprit sits on another node, or is invisible, is still reported.
 
-What cannot be seen: ranks without a beat (a user's ``entry`` script) can only be judged
-stopped; a rank spinning inside a collective that never completes, or whose GPU hangs
-under the step's collective, looks like a victim (the fallback reports it).
+What cannot be seen: ranks without a beat (a user's ``entry`` script that does not open
+the rank API) can only be judged stopped; a rank spinning inside a collective that never
+completes, or whose GPU hangs under the step's collective, looks like a victim (the
+fallback reports it).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 
 from nodeagent.rankprobe import STOPPED
 from proto.job import PolicySection
-from ringmaster.rankbeat import DONE, TRAINING, RankBeat
+from ringmaster.rankbeat import DONE, LOOP, TRAINING, RankBeat
 
 BEAT_SILENT_S = 2.0  # four missed beats: the beat thread is not running
 STOPPED_MIN_S = 2.0  # a debugger's or profiler's brief stop is not a hang
@@ -127,6 +131,10 @@ def judge(
     stalled = 0.0
     if beat is not None and beat.step_at is not None and training:
         stalled = now - max(beat.step_at, beat.phase_since)
+    elif beat is not None and beat.phase == LOOP:
+        # a stretch the loop named: judged by its own bound, from when it began
+        training, stalled = True, now - beat.phase_since
+        limit = beat.bound_s if beat.bound_s is not None else limit
     if proc.stopped:
         stalled = max(stalled, proc.stopped_s)
         if proc.stopped_s >= min(limit, STOPPED_MIN_S) and stalled >= limit:

@@ -85,8 +85,50 @@ class Stragglers(ProgressBase, tag="stragglers"):
     window_steps: int = 0
 
 
+class Reaction(enum.StrEnum):
+    """What a job's training loop can do when the coordinator decides it, as the loop says
+    when it opens the rank API (:mod:`ringmaster.rank`). A loop that never opens it (an
+    unmodified script) has none of them: it can only be started, killed and restarted."""
+
+    PAUSE = "pause"  # hold every rank at one agreed step boundary, no rank in a collective
+    CHECKPOINT = "checkpoint"  # a durable checkpoint at one agreed step, on request
+    MEMORY_TIER = "memory tier"  # snapshots in RAM, restored a few steps back after a fault
+    HANG_BY_BEAT = "hang by beat"  # every rank beats: a stall is found, the culprit named
+
+
+class LoopReady(ProgressBase, tag="loop"):
+    """Rank 0 opened the rank API: which framework drives the loop, what it supports, and
+    where this attempt resumed (``step``; ``resumed_from``: ``memory``, ``durable`` (the
+    API's checkpoint), ``loop`` (the framework's own checkpoint) or ``fresh``)."""
+
+    framework: str = "custom"
+    reactions: list[Reaction] = msgspec.field(default_factory=list)
+    resumed_from: str = ""
+
+
+class PhaseChanged(ProgressBase, tag="phase"):
+    """Every rank entered (``entered``) or left a named stretch without steps (evaluation,
+    data loading, the loop's own saving), as rank 0 says; ``bound_s`` is how long it may
+    take before the hang watch judges it stalled (None: the job's hang threshold), and a
+    phase left says how long it took (``seconds``)."""
+
+    name: str = ""
+    entered: bool = True
+    bound_s: float | None = None
+    seconds: float = 0.0
+
+
 Progress = (
-    StepDone | Paused | Resumed | Checkpointed | Finished | BandwidthChecked | Rewound | Stragglers
+    StepDone
+    | Paused
+    | Resumed
+    | Checkpointed
+    | Finished
+    | BandwidthChecked
+    | Rewound
+    | Stragglers
+    | LoopReady
+    | PhaseChanged
 )
 
 

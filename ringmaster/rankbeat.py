@@ -24,12 +24,15 @@ from typing import Literal
 import msgspec
 
 WRITE_EVERY_S = 0.5  # how often a rank rewrites its beat (at most this stale when read)
-Phase = Literal["startup", "training", "checkpoint", "paused", "done"]
+Phase = Literal["startup", "training", "checkpoint", "paused", "done", "loop"]
 STARTUP: Phase = "startup"  # until the first step of this process completes
 TRAINING: Phase = "training"
 CHECKPOINT: Phase = "checkpoint"
 PAUSED: Phase = "paused"
 DONE: Phase = "done"
+# A stretch without steps the loop named itself (evaluation, data loading, its own saving):
+# judged by its own bound (``RankBeat.bound_s``), not by the step time.
+LOOP: Phase = "loop"
 
 
 class RankBeat(msgspec.Struct, kw_only=True, frozen=True):
@@ -48,6 +51,10 @@ class RankBeat(msgspec.Struct, kw_only=True, frozen=True):
     # peers even when its stacks cannot show it (NCCL runs collectives asynchronously, so
     # the main thread blocks in the sync that follows, in the trainer's own code).
     in_collective: bool = False
+    # In the LOOP phase: its name, and how long it may last before it counts as stalled
+    # (None: the job's hang threshold).
+    name: str = ""
+    bound_s: float | None = None
 
 
 _decoder = msgspec.json.Decoder(RankBeat)

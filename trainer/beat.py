@@ -29,7 +29,7 @@ from pathlib import Path
 from msgspec.structs import replace
 
 from ringmaster import rank_env, rankbeat
-from ringmaster.rankbeat import DONE, STARTUP, TRAINING, Phase, RankBeat
+from ringmaster.rankbeat import DONE, LOOP, STARTUP, TRAINING, Phase, RankBeat
 from ringmaster.rundir import beat_beside
 
 WINDOW = 20  # steps the median step time is taken over
@@ -101,6 +101,29 @@ class Beat:
             yield
         finally:
             self.set_phase(left)
+
+    @contextlib.contextmanager
+    def named(self, name: str, bound_s: float | None) -> Iterator[None]:
+        """A stretch the loop named (evaluation, data loading …), judged by ``bound_s``
+        (None: the job's hang threshold), then back to the phase before it."""
+        with self._lock:
+            left, before = self._beat.phase, self._beat
+            self._beat = replace(
+                self._beat, phase=LOOP, phase_since=time.monotonic(), name=name, bound_s=bound_s
+            )
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._beat = replace(
+                    self._beat,
+                    phase=left,
+                    phase_since=time.monotonic(),
+                    name=before.name,
+                    bound_s=before.bound_s,
+                )
+            self._wake.set()
 
     @contextlib.contextmanager
     def in_collective(self) -> Iterator[None]:

@@ -125,6 +125,7 @@ def replicated_share(state: dict[str, Any], rank: int, world_size: int) -> dict[
     first, the same on every rank), so each rank stages and writes about 1/world of it
     instead of all of it; anything else stays on every rank (DCP keeps one copy)."""
     model, optimizer = state["model"], state["optimizer"]
+    optimizer.setdefault("state", {})
     sizes = {
         fqn: t.numel() * t.element_size() for fqn, t in model.items() if isinstance(t, torch.Tensor)
     }
@@ -141,16 +142,16 @@ def replicated_share(state: dict[str, Any], rank: int, world_size: int) -> dict[
 
 
 class DcpState:
-    """One rank's model and optimizer, saved and loaded as a DCP checkpoint (any layout:
-    plain replicated tensors under DDP, DTensor shards under FSDP2). DCP reshards on load,
-    so a job resumes with another world size. ``replicated``: every rank holds the same
-    state (DDP), so each saves only its :func:`replicated_share` — with 8 ranks a node,
-    staging the whole state on each would hold 8 copies in host memory."""
+    """One rank's model and optimizer (None: the model alone), saved and loaded as a DCP
+    checkpoint (any layout: plain replicated tensors under DDP, DTensor shards under FSDP2).
+    DCP reshards on load, so a job resumes with another world size. ``replicated``: every
+    rank holds the same state (DDP), so each saves only its :func:`replicated_share` — with
+    8 ranks a node, staging the whole state on each would hold 8 copies in host memory."""
 
     def __init__(
         self,
         module: nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | None,
         group: dist.ProcessGroup | None,
         replicated: bool = False,
     ) -> None:
@@ -171,8 +172,12 @@ class DcpState:
         )
         self._preparing: threading.Thread | None = None
 
+    @property
+    def _optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        return () if self.optimizer is None else (self.optimizer,)
+
     def _state(self) -> dict[str, Any]:
-        model, optimizer = get_state_dict(self.module, self.optimizer)
+        model, optimizer = get_state_dict(self.module, self._optimizers)
         return {"model": model, "optimizer": optimizer}
 
     def _saved_state(self) -> dict[str, Any]:
@@ -246,7 +251,7 @@ class DcpState:
         dcp.load(plain, checkpoint_id=step_dir / DCP_DIR, process_group=self.group)
         set_state_dict(
             self.module,
-            self.optimizer,
+            self._optimizers,
             model_state_dict=plain["model"],
             optim_state_dict=plain["optimizer"],
         )

@@ -26,26 +26,20 @@ from trainer.model import lm_loss
 from trainer.precision import Precision, autocast_context
 
 
-class Engine(Protocol):
-    name: str
-    module: nn.Module  # the unwrapped model
+class State(Protocol):
+    """What a checkpoint holds of a rank and how it comes back: the checkpoint half of an
+    :class:`Engine`, and what a loop registers through the rank API
+    (:class:`ringmaster.rank.state.Registered`). The checkpointer, the memory tier and the
+    resume (:mod:`ringmaster.rank.session`) see only this."""
 
-    def step(
-        self, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
-        """One optimizer step; returns this rank's loss (a detached scalar tensor: the loop
-        averages it over the ranks in the all-reduce that also carries the control word)
-        and the global gradient norm before clipping (the same on every rank; None if the
-        engine cannot tell), which :mod:`trainer.numeric` judges."""
-        ...
+    name: str  # recorded in the manifest: a checkpoint loads only into a state of its name
 
     def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
-        """Copy this rank's model and optimizer state for a checkpoint of step dir
-        ``target``, quickly (the loop waits): file name -> an in-memory copy the next step
-        cannot change, serialised later by the persist thread, or a
-        :class:`trainer.checkpoint.Written` for files the engine writes into ``target`` in
-        the background. An engine that cannot hand over its state either way may write
-        files into ``staging`` (the rank's empty staging dir) instead."""
+        """Copy this rank's state for a checkpoint of step dir ``target``, quickly (the
+        loop waits): file name -> an in-memory copy the next step cannot change, serialised
+        later by the persist thread, or a :class:`trainer.checkpoint.Written` for files the
+        state writes into ``target`` in the background. A state that cannot hand itself
+        over either way may write files into ``staging`` (the rank's empty staging dir)."""
         ...
 
     def prepare_snapshot(self) -> None:
@@ -57,8 +51,8 @@ class Engine(Protocol):
 
     def files_for(self, manifest: durable.Manifest) -> list[str] | None:
         """The files of a checkpoint this rank verifies and loads; None if it cannot use
-        that checkpoint (another engine, or a layout this world size cannot load). A
-        checkpoint written at another world size loads where the engine reshards it."""
+        that checkpoint (another state's, or a layout this world size cannot load). A
+        checkpoint written at another world size loads where the state reshards it."""
         ...
 
     def refusal(self, manifest: durable.Manifest) -> str | None:
@@ -79,6 +73,22 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release what checkpoints hold (host buffers), after the last one is durable."""
+        ...
+
+
+class Engine(State, Protocol):
+    """A training engine: what turns a batch into an optimizer step, and (as a
+    :class:`State`) what a rank's checkpoint shard holds."""
+
+    module: nn.Module  # the unwrapped model
+
+    def step(
+        self, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | float | None]:
+        """One optimizer step; returns this rank's loss (a detached scalar tensor: the loop
+        averages it over the ranks in the all-reduce that also carries the control word)
+        and the global gradient norm before clipping (the same on every rank; None if the
+        engine cannot tell), which :mod:`trainer.numeric` judges."""
         ...
 
 

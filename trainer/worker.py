@@ -38,8 +38,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from proto.progress import Finished
 from ringmaster import rank_env
+from ringmaster.rank.session import ResumeError, Session
 from trainer import memory_tier, preflight_bw, stacks, termination
 from trainer.agent_link import AgentLink
 from trainer.batch_size import choose_micro_batch, forward_backward
@@ -53,7 +53,7 @@ from trainer.engine import DDPEngine, Engine
 from trainer.flops import Mfu, device_peak, model_flops_per_token
 from trainer.launch import Launch, SpecError, exit_record, read_launch, torch_threads
 from trainer.log import Log
-from trainer.loop import Hooks, Outcome, ResumeError, Trainer
+from trainer.loop import Hooks, Outcome, Trainer
 from trainer.model import count_params
 from trainer.numeric import NumericFault
 from trainer.precision import count_float8_linears
@@ -230,26 +230,32 @@ def run(
         control = StepControl(launch.rank, device, link, enabled=hooks.control_word)
         mfu = Mfu(model_flops_per_token(cfg, train.seq_len), device_peak(device), launch.world_size)
         knobs = SimKnobsReader.from_env(os.environ, lambda why: log("sim_knobs", warning=why))
+        session = Session(
+            launch.rank,
+            launch.world_size,
+            control,
+            link,
+            beat or Beat(None),
+            log,
+            framework="builtin",
+            checkpoint_every=ckpt.every_steps,
+        )
         trainer = Trainer(
             launch.spec,
             engine,
             batches,
-            checkpointer,
-            control,
-            link,
+            session,
             log,
             hooks,
             mfu=mfu,
             compiled=compiled,
-            beat=beat,
             probe=StepProbe(engine.module, device, knobs),
         )
+        session.attach(checkpointer, engine, trainer.position)
         trainer.resume()
         outcome = trainer.run()
         checkpointer.close()
         engine.close()
-        if link is not None:
-            link.send(Finished(step=trainer.step, outcome=outcome))
         return outcome
     finally:
         if checkpointer is not None:  # also when failing: staged copies hold RAM
