@@ -298,6 +298,9 @@ class Supervisor:
             with contextlib.suppress(SupervisorError):
                 await self.control(job, "stop")
             await _wait_all(run, grace_s)
+        if run.alive():  # our SIGTERM means "exit now", not a notice to checkpoint for
+            with contextlib.suppress(OSError):
+                JobDir(self.run_dir, job).stopping.touch()
         for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
             if not run.alive():
                 break

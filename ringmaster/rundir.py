@@ -199,6 +199,11 @@ class JobDir:
         for pattern in ("rank-*.pid", "rank-*.exit", "rank-*.beat"):
             for path in self.path.glob(pattern):
                 path.unlink(missing_ok=True)
+        self.stopping.unlink(missing_ok=True)
+
+    @property
+    def stopping(self) -> Path:
+        return stopping_beside(self.spec)
 
     def rank_pid(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.pid"
@@ -250,6 +255,12 @@ def beat_beside(spec: Path, rank: int) -> Path:
 def stacks_beside(spec: Path, rank: int) -> Path:
     """Rank ``rank``'s stacks request (a FIFO the rank reads) beside the job spec ``spec``."""
     return spec.parent / f"rank-{rank}.stacks"
+
+
+def stopping_beside(spec: Path) -> Path:
+    """The agent's mark beside the job spec ``spec`` that it is stopping the job's ranks: a
+    SIGTERM then means "exit now", not a preemption notice to checkpoint for."""
+    return spec.parent / "stopping"
 
 
 def exit_beside(spec: Path, rank: int) -> Path:

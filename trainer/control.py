@@ -8,13 +8,16 @@ never enter.
 While training, the decision costs no collective of its own: it rides in the all-reduce
 that averages the step's loss (:meth:`StepControl.reduce_step`, a small float64 sum to which
 only rank 0 adds the word), so the boundary after a step needs nothing more. The first
-boundary, and every boundary while paused, broadcasts it (:meth:`StepControl.exchange`).
+boundary, and every boundary while paused, sums it alone (:meth:`StepControl.exchange`).
+A user's loop, whose collectives are its own, takes one small all-reduce per step on the
+rank API's gloo group (:meth:`StepControl.agree`), which also checks that every rank is at
+the same step.
 The same sum carries what every rank must judge alike or rank 0 must see from all:
 rank 0's global gradient norm (:mod:`trainer.numeric`) and each rank's compute seconds in
 its own slot (:mod:`trainer.probe`). Summed, a slot only one rank fills arrives intact.
 
 While paused, rank 0 waits up to :data:`PAUSE_POLL_S` for a word and every rank joins a
-broadcast at that cadence. No rank ever sits in a collective for longer than that (well
+sum at that cadence. No rank ever sits in a collective for longer than that (well
 inside any process-group timeout), and a resume, checkpoint or stop takes effect within
 one poll.
 """
@@ -25,7 +28,7 @@ import contextlib
 import enum
 import queue
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -58,6 +61,7 @@ class Decision:
     action: Action = Action.NONE
     checkpoint: bool = False
     seq: int = 0  # seq of the newest word folded in (for logs)
+    notice: bool = False  # some rank got a notice (SIGTERM, trainer.termination)
 
 
 NOTHING = Decision()
@@ -88,17 +92,32 @@ def fold(words: Sequence[ControlWord]) -> Decision:
     return Decision(action, checkpoint, words[-1].seq if words else 0)
 
 
+class StepDisagreement(RuntimeError):
+    """The ranks reached the boundary with different steps: a loop bug, one line."""
+
+
 class StepControl:
     """The per-boundary exchange. ``enabled=False`` carries no control word at all (no fold,
-    no broadcast): only the benchmark uses it, to measure what the word costs."""
+    no broadcast): only the benchmark uses it, to measure what the word costs. ``group``:
+    the process group the word travels on (None: the default group); ``notice``: whether
+    this rank got a notice (:func:`trainer.termination.noticed`), carried by every rank."""
 
     def __init__(
-        self, rank: int, device: torch.device, link: AgentLink | None, *, enabled: bool = True
+        self,
+        rank: int,
+        device: torch.device,
+        link: AgentLink | None,
+        *,
+        enabled: bool = True,
+        group: dist.ProcessGroup | None = None,
+        notice: Callable[[], bool] = lambda: False,
     ) -> None:
         self.rank = rank
         self.device = device
         self.link = link
         self.enabled = enabled
+        self.group = group
+        self.notice = notice
 
     def exchange(self, wait_s: float = 0.0) -> Decision:
         """The decision for this boundary, identical on every rank. Rank 0 waits up to
@@ -106,8 +125,24 @@ class StepControl:
         if not self.enabled:
             return NOTHING
         word = torch.tensor(self._word(wait_s), dtype=torch.float64, device=self.device)
-        dist.broadcast(word, src=0)
+        self._sum(word)
         return _decision(word.tolist())
+
+    def agree(self, step: int) -> Decision:
+        """A user loop's boundary after ``step``, on every rank: one all-reduce of the word
+        and of ``step`` and its square, so every rank also learns, alike, whether all of
+        them reached the same step (:class:`StepDisagreement` on every rank if not)."""
+        word = self._word(0.0)
+        vector = torch.tensor([*word, 1.0, step, step * step], dtype=torch.float64)
+        self._sum(vector)
+        *total, ranks, steps, squares = vector.tolist()
+        if steps * steps != ranks * squares:  # equal only when every rank's step is the same
+            raise StepDisagreement(
+                f"step {step} on rank {self.rank}, but the ranks' steps average "
+                f"{steps / ranks:g}: every rank must call step() once per step, with the "
+                "same step"
+            )
+        return _decision(total)
 
     def reduce_step(
         self,
@@ -125,7 +160,7 @@ class StepControl:
         if self.rank == 0:
             norm = UNKNOWN_NORM if grad_norm is None else grad_norm
             vector[1] = norm.detach().to(torch.float64) if isinstance(norm, torch.Tensor) else norm
-            vector[2 : 2 + len(word)] = torch.tensor(word, dtype=torch.float64)
+        vector[2 : 2 + len(word)] = torch.tensor(word, dtype=torch.float64)
         vector[2 + len(word) + self.rank] = compute_s
         dist.all_reduce(vector, op=dist.ReduceOp.SUM)
         total, norm_sum, *rest = vector.tolist()
@@ -133,13 +168,21 @@ class StepControl:
             total / world_size, _decision(rest[: len(word)]), norm_sum, rest[len(word) :]
         )
 
+    def _sum(self, vector: torch.Tensor) -> None:
+        """Sum ``vector`` over the ranks in place (a lone process without a process group
+        has nobody to sum with)."""
+        if dist.is_initialized():
+            dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=self.group)
+
     def _word(self, wait_s: float) -> list[float]:
         """Rank 0: the pending words folded into (action, checkpoint, seq); other ranks
-        (and a disabled control) contribute zeros, which is NOTHING."""
+        (and a disabled control) contribute zeros, which is NOTHING. Every rank adds its
+        notice flag: summed, any rank's notice is everyone's."""
+        notice = float(self.enabled and self.notice())
         if not (self.enabled and self.rank == 0):
-            return [0.0, 0.0, 0.0]
+            return [0.0, 0.0, 0.0, notice]
         decision = fold(self._pending(wait_s))
-        return [float(decision.action), float(decision.checkpoint), float(decision.seq)]
+        return [float(decision.action), float(decision.checkpoint), float(decision.seq), notice]
 
     def _pending(self, wait_s: float) -> list[ControlWord]:
         if self.link is None:  # nothing can arrive; keep the cadence anyway
@@ -153,5 +196,5 @@ class StepControl:
 
 
 def _decision(word: list[float]) -> Decision:
-    action, checkpoint, seq = word
-    return Decision(Action(int(action)), bool(checkpoint), int(seq))
+    action, checkpoint, seq, notice = word
+    return Decision(Action(int(action)), bool(checkpoint), int(seq), notice > 0)

@@ -31,7 +31,7 @@ import torch
 
 from proto.job import JobSpec
 from proto.progress import Progress, StepDone
-from ringmaster.rank.session import COMPLETED, STOPPED, Outcome, Session
+from ringmaster.rank.session import COMPLETED, NOTICED, STOPPED, Outcome, Session
 from ringmaster.rankbeat import CHECKPOINT
 from trainer import numeric
 from trainer.compile import CompileClock
@@ -143,7 +143,10 @@ class Trainer:
         outcome: Outcome = COMPLETED
         decision = self.control.exchange()  # the first boundary: no step to carry it
         while True:
-            if self.session.boundary(decision) == STOPPED:
+            ending = self.session.boundary(decision)
+            if ending == NOTICED:
+                self.session.leave_for_notice()
+            if ending == STOPPED:
                 outcome = STOPPED
                 break
             if self.step >= self.target:

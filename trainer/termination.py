@@ -1,13 +1,25 @@
-"""SIGTERM handling: leave quickly, with a non-zero status, whatever the rank is doing.
+"""SIGTERM: leave at once when the node agent stops the rank; otherwise it is a notice —
+the host shutting down, a scheduler's preemption, ``kill`` by hand — and the rank first
+checkpoints at the next step boundary every rank agrees on.
 
-The agent stops ranks with SIGTERM, then SIGKILL. A half-finished step is worth nothing
-(resume restarts from the last durable checkpoint, and an in-flight persist is harmless
-because ``latest`` moves only after its manifest), so nothing is flushed or saved: the
-Python handler runs the registered cleanups (dropping staged copies, which would
-otherwise hold RAM in ``/dev/shm``) and exits. Python runs handlers only between
-bytecodes of the main thread, and a rank can be stuck in a C++ collective waiting for a
-peer that is already gone; so a watchdog thread, woken through ``signal.set_wakeup_fd``,
-ends the process after :data:`GRACE_S` if the handler has not run by then.
+**The agent's stop.** The agent stops ranks with SIGTERM, then SIGKILL, and marks the job
+directory first (:func:`ringmaster.rundir.stopping_beside`). A half-finished step is worth
+nothing then (a peer may be dead, resume restarts from the newest checkpoint, and an
+in-flight persist is harmless because ``latest`` moves only after its manifest), so
+nothing is saved: the handler runs the registered cleanups (dropping staged copies, which
+would otherwise hold RAM in ``/dev/shm``) and exits.
+
+**A notice.** Any other SIGTERM, once a loop agrees on notices at its step boundaries
+(:func:`honour_notices`; before that it exits at once), sets the notice (:func:`noticed`);
+the step boundary's decision carries every rank's flag, so all ranks checkpoint at the same
+step, and the rank then leaves (:func:`leave`) with the same status. A handler that was installed before
+(a framework's) is called too, never replaced. If the rank reaches no boundary within
+:data:`NOTICE_GRACE_S` (``RINGMASTER_NOTICE_GRACE_S``) — a long evaluation, a collective
+whose peer is gone — it leaves without the checkpoint before the sender's SIGKILL.
+
+Python runs handlers only between bytecodes of the main thread, and a rank can be stuck in
+a C++ collective; so a watchdog thread, woken through ``signal.set_wakeup_fd``, ends the
+process after :data:`GRACE_S` (the agent's stop) or the notice's grace if nothing else has.
 
 Whichever way the rank leaves but a SIGKILL, it first writes its exit record
 (:func:`record_exit_in`, ``ringmaster.rundir.write_exit``): an agent restarted while the
@@ -23,17 +35,25 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from ringmaster.rundir import write_exit
+from ringmaster import rank_env
+from ringmaster.rundir import stopping_beside, write_exit
 
 EXIT_STATUS = 128 + signal.SIGTERM
 GRACE_S = 3.0
+NOTICE_GRACE_S = 20.0  # default; RINGMASTER_NOTICE_GRACE_S overrides
 _wakeup: list[socket.socket] = []  # keeps the socketpair (and its fds) alive
 _cleanups: list[Callable[[], None]] = []
 _exit_record: list[Path] = []  # where this process leaves its exit status, if anywhere
+_stopping: list[Path] = []  # the agent's stop mark, when an agent started this rank
+_notice: list[float] = []  # when the notice came (monotonic), once
+_chained: dict[int, Callable[[int, FrameType | None], Any]] = {}
+_grace: list[float] = [NOTICE_GRACE_S]
+_boundaries: list[bool] = []  # a loop agrees on notices at its step boundaries
 
 
 def record_exit_in(path: Path | None) -> None:
@@ -56,7 +76,19 @@ def on_sigterm(cleanup: Callable[[], None]) -> None:
     _cleanups.append(cleanup)
 
 
-def _leave() -> None:
+def honour_notices() -> None:
+    """This process has a loop whose step boundaries carry notices: from now on a
+    SIGTERM that is not the agent's is honoured at the next boundary (before, it exits)."""
+    _boundaries[:] = [True]
+
+
+def noticed() -> bool:
+    """Whether a notice (a SIGTERM not from the agent) came: checkpoint, then leave."""
+    return bool(_notice)
+
+
+def leave() -> None:
+    """Exit with the SIGTERM status, after the cleanups and the exit record."""
     for cleanup in _cleanups:
         with contextlib.suppress(Exception):
             cleanup()
@@ -65,25 +97,66 @@ def _leave() -> None:
     os._exit(EXIT_STATUS)
 
 
-def _exit_now(signum: int, frame: FrameType | None) -> None:
-    print("trainer: SIGTERM, exiting", file=sys.stderr, flush=True)
-    _leave()
+def _agent_stopping() -> bool:
+    return any(path.exists() for path in _stopping)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if _agent_stopping() or not _boundaries:
+        who = "from the agent" if _boundaries else "before any step boundary"
+        print(f"trainer: SIGTERM {who}, exiting", file=sys.stderr, flush=True)
+        leave()
+    if not _notice:
+        _notice.append(time.monotonic())
+        print(
+            f"trainer: SIGTERM: a checkpoint at the next step boundary, then exit "
+            f"(within {_grace[0]:g} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    previous = _chained.get(signum)
+    if previous is not None:
+        previous(signum, frame)
 
 
 def _watchdog(wakeup: socket.socket) -> None:
     while True:
         data = wakeup.recv(64)
-        if not data or signal.SIGTERM in data:
+        if not data:
+            return
+        if signal.SIGTERM in data:
             break
     time.sleep(GRACE_S)
-    _leave()
+    if _boundaries and not _agent_stopping():
+        # a notice: the boundary's checkpoint leaves by itself; this is the backstop
+        time.sleep(max(0.0, _grace[0] - GRACE_S))
+        print("trainer: no step boundary within the notice's grace, exiting", file=sys.stderr)
+    leave()
 
 
-def install() -> None:
-    """Make SIGTERM end this process within :data:`GRACE_S` (main thread only)."""
+def install(env: Mapping[str, str] | None = None) -> None:
+    """Take SIGTERM over (main thread only): the agent's stop exits within :data:`GRACE_S`,
+    a notice is honoured at the next step boundary. A handler already installed for it
+    (a framework's) is kept and called after ours; calling this again re-takes SIGTERM
+    from a framework that installed its own since, chaining to it."""
+    env = os.environ if env is None else env
+    spec = env.get(rank_env.JOB_SPEC)
+    _stopping[:] = [stopping_beside(Path(spec))] if spec else []
+    with contextlib.suppress(ValueError):
+        _grace[0] = float(env.get(NOTICE_GRACE_ENV, NOTICE_GRACE_S))
+    current = signal.getsignal(signal.SIGTERM)
+    if current is _on_sigterm:
+        return
+    if callable(current):
+        _chained[signal.SIGTERM] = current
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if _wakeup:
+        return
     reader, writer = socket.socketpair()
     _wakeup.extend((reader, writer))
     writer.setblocking(False)
     signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    signal.signal(signal.SIGTERM, _exit_now)
     threading.Thread(target=_watchdog, args=(reader,), name="sigterm-watchdog", daemon=True).start()
+
+
+NOTICE_GRACE_ENV = "RINGMASTER_NOTICE_GRACE_S"

@@ -227,7 +227,9 @@ def run(
                 first_attempt=launch.attempt == 1,
             )
             log("memory_tier", state=said)
-        control = StepControl(launch.rank, device, link, enabled=hooks.control_word)
+        control = StepControl(
+            launch.rank, device, link, enabled=hooks.control_word, notice=termination.noticed
+        )
         mfu = Mfu(model_flops_per_token(cfg, train.seq_len), device_peak(device), launch.world_size)
         knobs = SimKnobsReader.from_env(os.environ, lambda why: log("sim_knobs", warning=why))
         session = Session(

@@ -35,7 +35,7 @@ from proto.progress import (
 )
 from ringmaster.rank.state import Position, capture_rng, restore_rng
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED
-from trainer import durable
+from trainer import durable, termination
 from trainer.agent_link import AgentLink
 from trainer.beat import Beat
 from trainer.checkpoint import Checkpointer
@@ -46,7 +46,9 @@ from trainer.log import Log
 
 Outcome = Literal["completed", "stopped"]
 COMPLETED: Outcome = "completed"
-STOPPED: Outcome = "stopped"
+STOPPED: Literal["stopped"] = "stopped"
+Ending = Literal["stopped", "noticed"]  # what a boundary can end in
+NOTICED: Ending = "noticed"  # a notice (SIGTERM): checkpointed, the rank leaves
 Tier = Literal["memory", "durable", "loop", "fresh"]
 
 
@@ -90,6 +92,7 @@ class Session:
         self.restored: Restored | None = None
         self._announced = False
         self.paused = False
+        termination.honour_notices()  # a SIGTERM notice is now checkpointed at a boundary
 
     # -- state ------------------------------------------------------------------------------
 
@@ -254,14 +257,19 @@ class Session:
         elif self.checkpointer.memory_due(self.step):
             self.memory_snapshot()
 
-    def boundary(self, decision: Decision) -> Outcome | None:
+    def boundary(self, decision: Decision) -> Ending | None:
         """Act on this boundary's decision; while paused, keep polling for the next one.
-        Returns STOPPED when the job must stop here (its checkpoint taken, or left to the
-        framework when it saves itself)."""
+        Returns STOPPED when the job must stop here, NOTICED when a rank got a notice and
+        must leave (the checkpoint taken either way, or left to the framework when it
+        saves itself)."""
         before = self.beat.current.phase
         while True:
-            if (decision.checkpoint or decision.action == Action.STOP) and not self.loop_saves:
+            ending = decision.action == Action.STOP or decision.notice
+            if (decision.checkpoint or ending) and not self.loop_saves:
                 self.checkpoint()
+            if decision.notice:
+                self.log("notice", step=self.step, seq=decision.seq)
+                return NOTICED
             if decision.action == Action.STOP:
                 return STOPPED
             if decision.action == Action.PAUSE and not self.paused:
@@ -341,6 +349,22 @@ class Session:
             memory = {}
         self.log("finished", step=self.step, outcome=outcome, **memory)
         self.send(Finished(step=self.step, outcome=outcome))
+
+    def leave_for_notice(self) -> None:
+        """After a notice: once the checkpoint of this step is durable (the framework's
+        own, when it saves itself), flush what rank 0 has to say and exit as SIGTERM
+        does (:func:`trainer.termination.leave`)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+        self.log("leaving", step=self.step, reason="notice", durable=self._durable_step)
+        if self.link is not None:
+            self.link.close(flush_timeout_s=2.0)
+        self.beat.stop()
+        termination.leave()
+
+    @property
+    def _durable_step(self) -> int | None:
+        return None if self.checkpointer is None else self.checkpointer.durable_step
 
     def send(self, message: Progress) -> None:
         if self.link is not None:

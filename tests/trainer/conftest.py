@@ -104,7 +104,10 @@ class Launcher:
         socket_path: Path | None = None,
         env: dict[str, str] | None = None,
         per_rank_env: dict[int, dict[str, str]] | None = None,
+        argv: list[str] | None = None,
     ) -> Ranks:
+        """``argv``: the rank's command after the interpreter (default: the built-in
+        trainer, ``-m trainer.worker``)."""
         self.count += 1
         self.job_ids.add(job_id or self.job_id)
         spec_path = self.workdir / f"spec-{self.count}.json"
@@ -134,7 +137,7 @@ class Launcher:
             with log.open("wb") as stderr:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "trainer.worker"],
+                        [sys.executable, *(argv or ["-m", "trainer.worker"])],
                         cwd=self.workdir,
                         env=rank_env,
                         stdout=subprocess.DEVNULL,

@@ -1,0 +1,294 @@
+"""A user loop's rank in a Ringmaster job: the :class:`ringmaster.rank.session.Session`
+built from the environment the node agent gave the rank, and the per-step agreement a
+loop whose collectives are its own needs (one small all-reduce on a gloo group of the
+API's own, :meth:`trainer.control.StepControl.agree`)."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from proto.progress import PhaseChanged, StepDone
+from ringmaster import rank_env
+from ringmaster.rank.session import NOTICED, STOPPED, Outcome, Session
+from ringmaster.rank.state import Objects, Registered, Stateful
+from trainer import memory_tier, stacks, termination
+from trainer.agent_link import AgentLink
+from trainer.beat import Beat
+from trainer.checkpoint import Checkpointer, default_staging_dir
+from trainer.control import StepControl
+from trainer.coordination import Coordination
+from trainer.launch import Launch, SpecError, exit_record, read_launch
+from trainer.log import Log
+from trainer.thread_cpu import started_by
+
+
+class RankApiError(RuntimeError):
+    """The rank API used wrongly (one line naming what and how to fix it)."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank must do at this step, the same on all of them.
+
+    ``stop``: leave the training loop now (the checkpoint for it is taken, or ``save``
+    asks the loop's framework to write it first). ``save``: only for a loop whose
+    framework writes the durable checkpoints (``init(loop_saves=True)``): write one at
+    this step, then report it with :func:`ringmaster.rank.saved`. ``notice``: a
+    preemption notice (SIGTERM) caused it; the process exits once the checkpoint is durable.
+    """
+
+    stop: bool = False
+    save: bool = False
+    notice: bool = False
+
+
+CONTINUE = Decision()
+
+
+class Driver:
+    def __init__(self, launch: Launch, env: Mapping[str, str], framework: str, loop_saves: bool):
+        self.launch = launch
+        self.env = env
+        self.framework = framework
+        self.loop_saves = loop_saves
+        self.log = Log(launch.rank, launch.attempt)
+        termination.record_exit_in(exit_record(env))
+        termination.install(env)
+        # stacks on demand for the hang watch (a thread; faulthandler as the fallback)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
+        stacks.serve_from_env(env, launch.rank)
+        self.beat = Beat.from_env(env, launch.rank).start()
+        self.link: AgentLink | None = None
+        if launch.rank == 0 and launch.control_socket is not None:
+            self.link = AgentLink(launch.control_socket, launch.job_id).start()
+        self.model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.objects: dict[str, Stateful] = {}
+        self.session: Session | None = None
+        self.steps_run = 0
+        self.last_step: int | None = None
+        self.last_at = time.perf_counter()
+        self.target: int | None = None
+        self.ended = False
+        self.stopped = False  # a stop was decided: the loop's end is "stopped"
+        self.log("rank_api", framework=framework, loop_saves=loop_saves, pid=os.getpid())
+
+    # -- state ------------------------------------------------------------------------------
+
+    def register(
+        self,
+        model: torch.nn.Module | None,
+        optimizer: torch.optim.Optimizer | None,
+        objects: Mapping[str, Any],
+    ) -> None:
+        if self.session is not None:
+            raise RankApiError(
+                "register() after restore() or step(): register the training state first, "
+                "then restore it"
+            )
+        if optimizer is not None and model is None:
+            raise RankApiError("register(optimizer=...) needs the model it optimizes too")
+        for name, obj in objects.items():
+            if not isinstance(obj, Stateful):
+                raise RankApiError(
+                    f"register({name}=...): a {type(obj).__name__} has no state_dict() and "
+                    "load_state_dict(); register what does"
+                )
+        self.model = model if model is not None else self.model
+        self.optimizer = optimizer if optimizer is not None else self.optimizer
+        self.objects.update(objects)
+
+    def _open(self) -> Session:
+        """The session, once: its gloo group, checkpointer and memory tier (every rank at
+        the same call, as they are collectives)."""
+        if self.session is not None:
+            return self.session
+        launch = self.launch
+        # two gloo groups: checkpoints gather in a persist thread while the loop agrees on
+        # its next step, and one group's collectives must never interleave from two threads
+        coord, control_group = _coordination(launch), _gloo_group()
+        control = StepControl(
+            launch.rank,
+            torch.device("cpu"),
+            self.link,
+            group=control_group,
+            notice=termination.noticed,
+        )
+        ckpt = launch.spec.checkpoint
+        session = Session(
+            launch.rank,
+            launch.world_size,
+            control,
+            self.link,
+            self.beat,
+            self.log,
+            framework=self.framework,
+            checkpoint_every=ckpt.every_steps,
+        )
+        session.loop_saves = self.loop_saves
+        if self.model is not None or self.objects:
+            staging = launch.resolve(ckpt.staging_dir) if ckpt.staging_dir else None
+            checkpointer = Checkpointer(
+                launch.resolve(ckpt.dir),
+                staging or default_staging_dir(launch.job_id, launch.workdir),
+                coord,
+                keep=ckpt.keep,
+                engine=Registered.name,
+                job=launch.job_id,
+            )
+            termination.on_sigterm(checkpointer.discard_staging)
+            if ckpt.memory_tier:
+                node = self.env.get(rank_env.NODE) or socket.gethostname()
+                checkpointer.memory, said = memory_tier.build(
+                    coord,
+                    launch.job_id,
+                    node,
+                    ckpt.memory_every_steps,
+                    ckpt.every_steps,
+                    memory_tier.shares_cores(torch.device("cpu"), launch.local_world_size),
+                    first_attempt=launch.attempt == 1,
+                )
+                self.log("memory_tier", state=said)
+            state = Registered(self.model, self.optimizer, coord.group)
+            session.attach(checkpointer, state, Objects(self.objects))
+        self.session = session
+        return session
+
+    def restore(self, loop_step: int | None) -> int:
+        if self.session is not None:
+            raise RankApiError("restore() called twice, or after step(): call it once, first")
+        session = self._open()
+        if session.checkpointer is not None:
+            session.restore(loop_step)
+        else:
+            session.step = loop_step or 0
+        session.announce()
+        self.last_step, self.last_at = session.step, time.perf_counter()
+        return session.step
+
+    # -- the step boundary ------------------------------------------------------------------
+
+    def step(
+        self, step: int, loss: float | None, tokens: int | None, target: int | None
+    ) -> Decision:
+        session = self._open()
+        session.announce()
+        if self.last_step is not None and step <= self.last_step:
+            raise RankApiError(
+                f"step({step}) after step({self.last_step}): steps must increase by one or "
+                "more per call (pass the loop's global step)"
+            )
+        now = time.perf_counter()
+        elapsed, self.last_at, self.last_step = now - self.last_at, now, step
+        self.target = target if target is not None else self.target
+        with self.beat.in_collective():  # a stall in here waits for a peer
+            decision = session.control.agree(step)
+        session.stepped(step, elapsed)
+        self.steps_run += 1
+        if self.steps_run == 1 and session.state is not None:
+            session.state.prepare_snapshot()
+        if session.link is not None:
+            checkpointer = session.checkpointer
+            session.send(
+                StepDone(
+                    step=step,
+                    loss=float(loss) if loss is not None else 0.0,
+                    step_time_s=elapsed,
+                    tokens_per_s=(tokens or 0) / elapsed if elapsed > 0 else 0.0,
+                    target_steps=self.target or 0,
+                    memory_step=checkpointer.memory_sealed if checkpointer else None,
+                )
+            )
+        session.periodic()
+        ending = session.boundary(decision)
+        if ending == NOTICED:
+            if not self.loop_saves:
+                session.leave_for_notice()  # does not return
+            return Decision(stop=True, save=True, notice=True)
+        if ending == STOPPED:
+            self.stopped = True
+            return Decision(stop=True, save=self.loop_saves)
+        if decision.checkpoint and self.loop_saves:
+            return Decision(save=True)
+        return CONTINUE
+
+    @contextlib.contextmanager
+    def phase(self, name: str, bound_s: float | None) -> Iterator[None]:
+        if not name or not name.replace("_", "").replace("-", "").isalnum():
+            raise RankApiError(f"phase({name!r}): name it with letters, digits, '_' or '-'")
+        if bound_s is not None and not bound_s > 0:
+            raise RankApiError(f"phase({name!r}, bound_s={bound_s}): a bound is seconds > 0")
+        step = self.last_step or 0
+        self._send_phase(PhaseChanged(step=step, name=name, entered=True, bound_s=bound_s))
+        began = time.perf_counter()
+        try:
+            with self.beat.named(name, bound_s):
+                yield
+        finally:
+            seconds = time.perf_counter() - began
+            self._send_phase(PhaseChanged(step=step, name=name, entered=False, seconds=seconds))
+            # a step's time is the loop's own, not the phase's
+            self.last_at += seconds
+
+    def _send_phase(self, message: PhaseChanged) -> None:
+        if self.link is not None:
+            self.link.send(message)
+
+    def saved(self, step: int, path: Path, stall_s: float) -> None:
+        self._open().saved(step, path, stall_s)
+
+    def finish(self, outcome: Outcome | None) -> None:
+        """Training ended (every rank): what :meth:`Session.finish` does, then the process
+        leaves if a notice came, else the link is flushed and the beat says done. The
+        outcome is ``stopped`` after a stop decision unless the loop says otherwise."""
+        if self.ended:
+            return
+        self.ended = True
+        outcome = outcome or ("stopped" if self.stopped else "completed")
+        session = self._open()
+        session.finish(outcome, final_checkpoint=not termination.noticed())
+        if termination.noticed():
+            session.leave_for_notice()
+        if self.link is not None:
+            self.link.close()
+        self.beat.stop()
+
+
+def _coordination(launch: Launch) -> Coordination:
+    if launch.world_size == 1 and not dist.is_initialized():
+        return Coordination()
+    if not dist.is_initialized():
+        raise RankApiError(
+            "call torch.distributed.init_process_group() before the rank API's restore() "
+            "or step(): it agrees with the other ranks over it"
+        )
+    group, threads = started_by(_gloo_group)
+    return Coordination(dist.get_rank(), dist.get_world_size(), group, threads)
+
+
+def _gloo_group() -> dist.ProcessGroup | None:
+    """A gloo group of every rank (None for a lone process without a process group)."""
+    return dist.new_group(backend="gloo") if dist.is_initialized() else None
+
+
+def from_env(env: Mapping[str, str], framework: str, loop_saves: bool) -> Driver | None:
+    """The driver of a rank the agent started; None outside a Ringmaster job."""
+    if rank_env.JOB_SPEC not in env:
+        return None
+    try:
+        launch = read_launch(env, [])
+    except SpecError as exc:
+        raise RankApiError(f"ringmaster.rank: {exc}") from None
+    return Driver(launch, env, framework, loop_saves)
