@@ -12,8 +12,9 @@ would otherwise hold RAM in ``/dev/shm``) and exits.
 **A notice.** Any other SIGTERM, once a loop agrees on notices at its step boundaries
 (:func:`honour_notices`; before that it exits at once), sets the notice (:func:`noticed`);
 the step boundary's decision carries every rank's flag, so all ranks checkpoint at the same
-step, and the rank then leaves (:func:`leave`) with the same status. A handler that was installed before
-(a framework's) is called too, never replaced. If the rank reaches no boundary within
+step, and the rank then leaves (:func:`leave`) with the same status. A handler that was
+installed before (a framework's) is called too, never replaced. If the rank reaches no
+boundary within
 :data:`NOTICE_GRACE_S` (``RINGMASTER_NOTICE_GRACE_S``) — a long evaluation, a collective
 whose peer is gone — it leaves without the checkpoint before the sender's SIGKILL.
 
