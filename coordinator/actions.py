@@ -81,6 +81,19 @@ class ResyncNode:
 
 
 @dataclass(frozen=True)
+class Unheeded:
+    """A condition the job's loop cannot react to (a pause it cannot take): ``opened``,
+    record ``key`` and publish ``job.unheeded`` naming ``reaction`` and ``why``, once;
+    closed, forget it."""
+
+    key: str
+    reaction: str
+    reason: str
+    why: str
+    opened: bool = True
+
+
+@dataclass(frozen=True)
 class FinishJob:
     state: JobState
     reason: str
@@ -95,5 +108,6 @@ Action = (
     | RefuseNode
     | DrainNode
     | ResyncNode
+    | Unheeded
     | FinishJob
 )

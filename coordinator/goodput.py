@@ -21,6 +21,7 @@ boundary by that much at most) and never into the future.
 
 from __future__ import annotations
 
+from coordinator import loop_support
 from proto.job import GOODPUT_BUCKETS, JobRecord, JobState
 
 MAX_LAG_S = 30.0  # the furthest back a rank's stamp moves a boundary
@@ -44,8 +45,13 @@ def account(job: JobRecord, now: float) -> None:
         bucket = "recovery"  # a relaunch after a fault is recovery, not start-up
     elif bucket == "productive" and job.finished:
         bucket = "idle"  # rank 0 has said training ended: the ranks are only exiting
+    elif bucket == "productive" and not loop_support.reports_steps(job):
+        bucket = "unknown"  # no step is reported: training and redone work look alike
     gpus = job.world_size
     if bucket is None or gpus == 0 or now <= last:
+        return
+    if bucket == "productive" and job.phase is not None:
+        _account_phase(job, last, now)
         return
     if bucket == "productive" and job.last_step_at is not None:
         stalled_from = max(last, job.last_step_at + stall_threshold(job))
@@ -55,6 +61,20 @@ def account(job: JobRecord, now: float) -> None:
             now = stalled_from
     if now > last:
         job.goodput[bucket] = job.goodput.get(bucket, 0.0) + (now - last) * gpus
+
+
+def _account_phase(job: JobRecord, last: float, now: float) -> None:
+    """Time in a named phase (evaluation, data loading …) is the phase's, not
+    productive, up to its bound (the stall threshold when it named none); past it, as
+    past any stall threshold, nothing trains: recovery."""
+    assert job.phase is not None
+    bound = job.phase.bound_s if job.phase.bound_s is not None else stall_threshold(job)
+    stalled_from = min(now, max(last, job.phase.since + bound))
+    gpus = job.world_size
+    name = job.phase.name
+    job.phases[name] = job.phases.get(name, 0.0) + max(0.0, stalled_from - last) * gpus
+    if stalled_from < now:
+        job.goodput["recovery"] = job.goodput.get("recovery", 0.0) + (now - stalled_from) * gpus
 
 
 def stamp(sent: float, now: float) -> float:
@@ -68,14 +88,21 @@ def _move(job: JobRecord, gpu_s: float, source: str, target: str) -> None:
     job.goodput[target] = job.goodput.get(target, 0.0) + take
 
 
-def began_training(job: JobRecord, at: float, now: float) -> None:
+def began_training(job: JobRecord, at: float, now: float, source: str = "") -> None:
     """The first step of an attempt, finished at ``at`` and reported at ``now``: the job
     was charged to start-up (or recovery, after a fault) until now; from ``at`` on it
-    trained. Call before the state moves to RUNNING."""
+    trained. Call before the state moves to RUNNING. ``source``: the bucket the attempt
+    was charged to instead (``unknown``: a script whose loop had said nothing yet), whose
+    time before ``at`` is start-up (or recovery) and after it training."""
     account(job, now)
     at = max(at, job.attempt_started_at or at)  # never into an earlier attempt's time
-    source = BUCKET_OF_STATE[JobState.STARTING] if not job.restarts else "recovery"
-    _move(job, (now - at) * job.world_size, source, "productive")
+    start = BUCKET_OF_STATE[JobState.STARTING] if not job.restarts else "recovery"
+    if source:
+        began = job.attempt_started_at or at
+        _move(job, (at - began) * job.world_size, source, start)
+        _move(job, (now - at) * job.world_size, source, "productive")
+    else:
+        _move(job, (now - at) * job.world_size, start, "productive")
     job.last_step_at, job.stalled_gpu_s = at, 0.0
 
 

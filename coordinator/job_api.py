@@ -10,11 +10,12 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from coordinator import actions, policy
+from coordinator import actions, loop_support, policy
 from proto.api import ApiReply, JobControl, SubmitJob
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import EventBase, JobSubmitted
 from proto.job import JobRecord
+from proto.progress import Reaction
 
 
 class OperatorInputs:
@@ -68,6 +69,12 @@ class OperatorInputs:
             return ApiReply(ok=False, error=f"no job {req.job!r}")
         if job.state.terminal:
             return ApiReply(ok=False, error=f"job {job.id} is already {job.state.value}")
+        if req.action in ("pause", "checkpoint"):
+            why = loop_support.lacking(job, Reaction(req.action))
+            if why is not None:
+                return ApiReply(
+                    ok=False, job=job.id, error=f"job {job.id} cannot {req.action}: {why}"
+                )
         match req.action:
             case "pause" | "resume":
                 # The operator's pause is a condition on the job, through the same path as

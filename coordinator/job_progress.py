@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from coordinator import actions, job_machine, policy, progress_policy
+from coordinator import actions, job_machine, loop_support, policy, progress_policy
 from coordinator.goodput import (
     account,
     began_training,
@@ -23,19 +23,23 @@ from proto.events import (
     JobAtRisk,
     JobBandwidth,
     JobCheckpointed,
+    JobLoop,
     JobPaused,
     JobResumed,
     JobRewound,
     Severity,
     WorkerStraggler,
 )
-from proto.job import JobRecord, JobState
+from proto.job import JobRecord, JobState, LoopInfo, LoopPhase
 from proto.progress import (
     BandwidthChecked,
     Checkpointed,
     Finished,
+    LoopReady,
     Paused,
+    PhaseChanged,
     Progress,
+    Reaction,
     Resumed,
     Rewound,
     StepDone,
@@ -88,6 +92,18 @@ class ProgressInputs:
             return
         self._dirty.add(job.id)
         match msg:
+            case LoopReady():
+                await self._loop_ready(job, msg)
+            case PhaseChanged(name=name, entered=entered, bound_s=bound):
+                now = time.time()
+                at = stamp(msg.time, now)
+                account(job, now)
+                if entered:
+                    job.phase = LoopPhase(name=name, since=at, bound_s=bound)
+                elif job.phase is not None and job.phase.name == name:
+                    job.phase = None
+                    job.last_step_at = at  # the stall clock starts again where it ended
+                    self._stamped.pop(job.id, None)  # the phase is not a step's time
             case StepDone(step=step, loss=loss):
                 # productive wall time per step: between consecutive steps' stamps (their
                 # arrivals bunch up after a frozen bus or a leader change)
@@ -101,6 +117,11 @@ class ProgressInputs:
                     self._checkpoint_began[job.id] = (step, time.monotonic())
                 if job.state is JobState.STARTING:
                     began_training(job, at, now)
+                elif job.last_step_at is None or job.last_step_at < (job.attempt_started_at or 0):
+                    # a script that opened the rank API only once it ran: its start-up so
+                    # far was charged as unknown (it had said nothing); it is start-up
+                    began_training(job, at, now, source="unknown")
+                    job.first_step_at = job.first_step_at or now
                 else:
                     stepped(job, at, now, step - job.step)
                 if job_machine.fire(job, job_machine.Input.TRAINING) is not None:
@@ -158,6 +179,26 @@ class ProgressInputs:
                 self._slow_window[key] = set(progress_policy.slow_ranks(job, msg))
                 for action in progress_policy.on_stragglers(job, msg, reported, before):
                     await self.apply(job, action)
+
+    async def _loop_ready(self, job: JobRecord, msg: LoopReady) -> None:
+        """Rank 0 opened the rank API: what the loop supports is now the job's record."""
+        job.loop = LoopInfo(framework=msg.framework, reactions=msg.reactions, attempt=msg.attempt)
+        has = loop_support.reactions(job)
+        lacks = [r.value for r in Reaction if r not in has]
+        where = f"resumed from {msg.resumed_from} step {msg.step}"
+        if msg.resumed_from == "fresh":
+            where = "a fresh start"
+        await self.publish(
+            JobLoop(
+                job=job.id,
+                framework=msg.framework,
+                reactions=[r.value for r in has],
+                lacks=lacks,
+                resumed_from=msg.resumed_from,
+                step=msg.step,
+                message=f"{msg.framework} loop: {loop_support.summary(job)}; {where}",
+            )
+        )
 
     async def _bandwidth(self, job: JobRecord, msg: BandwidthChecked) -> None:
         """Publish the preflight figures, then let the policy refuse slow nodes."""

@@ -21,7 +21,15 @@ from typing import Any
 
 import structlog
 
-from coordinator import actions, exclusion, hang_verdict, job_machine, policy, progress_policy
+from coordinator import (
+    actions,
+    exclusion,
+    hang_verdict,
+    job_machine,
+    loop_support,
+    policy,
+    progress_policy,
+)
 from coordinator.cas import CasStore, Conflict
 from coordinator.commander import CommandSender
 from coordinator.goodput import account, charge_detection
@@ -43,9 +51,11 @@ from proto.events import (
     JobFailed,
     JobRecovering,
     JobStopped,
+    JobUnheeded,
 )
 from proto.job import JobRecord, JobState
 from proto.node import NodeState
+from proto.progress import Reaction
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
@@ -169,6 +179,20 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                 await self.launcher.explain(job, {node: reason})
             case actions.FinishJob(state=state, reason=reason):
                 await self.finish(job, state, reason)
+            case actions.Unheeded(key=key, opened=False):
+                job.unheeded = [k for k in job.unheeded if k != key]
+            case actions.Unheeded(key=key, reaction=reaction, reason=reason, why=why):
+                job.unheeded = [*job.unheeded, key]
+                await self.publish(
+                    JobUnheeded(
+                        job=job.id,
+                        severity=Severity.WARNING,
+                        condition_key=key,
+                        reaction=reaction,
+                        reason=reason,
+                        message=f"{reason}: not {reaction}d, it trains on; {why}",
+                    )
+                )
         self._dirty.add(job.id)
 
     async def _restart(self, job: JobRecord, action: actions.RestartJob) -> None:
@@ -223,6 +247,8 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
             log.warning("clock resync failed", node=node, error=reply.error)
 
     async def _checkpoint(self, job: JobRecord, reason: str) -> None:
+        if loop_support.lacking(job, Reaction.CHECKPOINT) is not None:
+            return  # its loop would never say it checkpointed: no state to wait in
         if await self._to_rank0(job, CheckpointNow(job=job.id, reason=reason)):
             job_machine.fire(job, Input.CHECKPOINT)
 
@@ -247,7 +273,8 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
 
     async def _stop_job(self, job_id: str, reason: str) -> None:
         job = self.jobs[job_id]
-        silent = await self.stopper.stop_job(job_id, list(job.nodes), reason)
+        at_boundary = loop_support.lacking(job, Reaction.PAUSE) is None
+        silent = await self.stopper.stop_job(job_id, list(job.nodes), reason, at_boundary)
         job = self.jobs.get(job_id, job)
         if not job.state.terminal:
             why = reason + (f"; {', '.join(silent)} did not confirm the stop" if silent else "")

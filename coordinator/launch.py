@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from coordinator import exclusion
+from coordinator import exclusion, loop_support
 from coordinator.commander import CommandSender
 from coordinator.job_machine import Input, fire
 from coordinator.policy import minimum_nodes
@@ -130,8 +130,8 @@ class Launcher:
             return False
         self.launched_at[job.id] = (job.attempt, time.monotonic())
         job.reason = ""
-        if spec.entry:
-            fire(job, Input.TRAINING)  # a user's script sends no progress: running now
+        if not loop_support.reports_steps(job):
+            fire(job, Input.TRAINING)  # a script that sends no progress: running now
         await self.explain(job, adm.skipped)
         await self.save(job)
         resume = expected_resume(
@@ -167,13 +167,16 @@ class Launcher:
         message = f"{job.world_size} ranks on {', '.join(job.nodes)}; master {job.master_addr}"
         if restarting:
             tier, step = resume
+            said = f"resume: {tier} step {step}"
+            if not loop_support.reports_steps(job):
+                said = "resume: wherever the script's own checkpoints are (it reports no steps)"
             return JobRestarted(
                 job=job.id,
                 restarts=job.restarts,
                 world_size=job.world_size,
                 nodes=job.nodes,
                 from_step=step,
-                message=f"{message}; resume: {tier} step {step}",
+                message=f"{message}; {said}",
             )
         if job.resume_step is None:
             origin = "fresh start"

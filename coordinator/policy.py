@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from coordinator import network_culprit
+from coordinator import loop_support, network_culprit
 from coordinator.actions import (
     Action,
     DrainNode,
@@ -22,12 +22,14 @@ from coordinator.actions import (
     RestartJob,
     ResumeJob,
     ResyncNode,
+    Unheeded,
 )
 from coordinator.job_machine import LIVE
 from coordinator.progress_policy import all_exited
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited, WorkerHung
 from proto.job import Failure, JobRecord, JobState
+from proto.progress import Reaction
 
 
 def decide(
@@ -218,6 +220,8 @@ def bounded_cadence(job: JobRecord) -> float | None:
     notice, took = job.spec.policy.preemption_notice_s, job.checkpoint_s
     if notice is None or took is None or took <= notice:
         return None
+    if loop_support.lacking(job, Reaction.CHECKPOINT) is not None:
+        return None  # nobody could take those checkpoints
     return max(notice, took)
 
 
@@ -236,13 +240,17 @@ def operator_key(job_id: str) -> str:
 
 
 def _hold(job: JobRecord, cond: Condition, reason: str) -> list[Action]:
-    if cond.key in job.pause_reasons:
+    if cond.key in job.pause_reasons or cond.key in job.unheeded:
         return []
+    if (why := loop_support.lacking(job, Reaction.PAUSE)) is not None:
+        return [Unheeded(cond.key, Reaction.PAUSE.value, reason, why)]
     reasons = (*job.pause_reasons, cond.key)
     return [PauseJob(cond.key, reason, reasons, send=not job.pause_reasons)]
 
 
 def _release(job: JobRecord, cond: Condition) -> list[Action]:
+    if cond.key in job.unheeded:
+        return [Unheeded(cond.key, Reaction.PAUSE.value, cond.reason, "", opened=False)]
     if cond.key not in job.pause_reasons:
         return []
     reasons = tuple(r for r in job.pause_reasons if r != cond.key)
@@ -255,4 +263,8 @@ def _evacuate(job: JobRecord, node: str, why: str, *, graceful: bool = True) -> 
     the ranks are at (a graceful restart: nothing is lost while the node still runs); not
     graceful: from the newest checkpoint, where the ranks cannot reach a step boundary."""
     failure = Failure(node=node, cause="evacuated", step=job.step)
+    if graceful and (lacks := loop_support.lacking(job, Reaction.CHECKPOINT)) is not None:
+        # a stop at a boundary with a checkpoint first is not the loop's to make: say so,
+        # and spend no grace waiting for it
+        why, graceful = f"{why}; no checkpoint first: {lacks}", False
     return [DrainNode(node, why), RestartJob(why, (node,), failure, graceful=graceful)]

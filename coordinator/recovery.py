@@ -16,10 +16,12 @@ import time
 
 import structlog
 
+from coordinator import loop_support
 from coordinator.commander import CommandSender
 from coordinator.registry import Registry
 from proto.commands import Ping, Stop
 from proto.job import JobRecord, JobState
+from proto.progress import Reaction
 
 log = structlog.get_logger()
 
@@ -51,11 +53,18 @@ class Stopper:
             GRACE_S + 15,
         )
 
-    async def stop_job(self, job: str, nodes: list[str], reason: str) -> list[str]:
-        """The operator's stop: graceful on every node, bounded by ``STOP_GRACE_S`` and a
-        margin whatever the nodes do. Returns the nodes that did not confirm."""
+    async def stop_job(
+        self, job: str, nodes: list[str], reason: str, at_boundary: bool = True
+    ) -> list[str]:
+        """The operator's stop: graceful on every node (``at_boundary``: the loop stops at
+        a step boundary when asked; else its ranks are terminated at once, as a wait for a
+        boundary it never reaches would only spend the grace), bounded by
+        ``STOP_GRACE_S`` and a margin whatever the nodes do. Returns the nodes that did not
+        confirm."""
         send = self.cmd.send_all(
-            nodes, lambda: Stop(job=job, reason=reason, grace_s=STOP_GRACE_S), STOP_GRACE_S + 4
+            nodes,
+            lambda: Stop(job=job, reason=reason, force=not at_boundary, grace_s=STOP_GRACE_S),
+            STOP_GRACE_S + 4,
         )
         try:
             replies = await asyncio.wait_for(send, STOP_GRACE_S + 5)
@@ -98,6 +107,8 @@ def grow_reason(job: JobRecord, free: list[str], now: float) -> str | None:
     missing = job.spec.job.nodes - len(job.nodes)
     if job.state is not JobState.RUNNING or missing <= 0 or not free or job.stopping:
         return None
+    if loop_support.lacking(job, Reaction.CHECKPOINT) is not None:
+        return None  # a restart would throw away the work since the script's own save
     if job.first_step_at is None or now - (job.attempt_started_at or 0.0) < GROW_AFTER_S:
         return None
     return f"growing back to {job.spec.job.nodes} nodes: {', '.join(free[:missing])} healthy"

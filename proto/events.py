@@ -302,6 +302,25 @@ class JobPaused(EventBase, tag="job.paused"):
     reason: str = ""
 
 
+class JobLoop(EventBase, tag="job.loop"):
+    """Rank 0 opened the rank API: the framework and the reactions the job's loop has."""
+
+    framework: str = ""
+    reactions: list[str] = msgspec.field(default_factory=list)
+    lacks: list[str] = msgspec.field(default_factory=list)
+    resumed_from: str = ""
+    step: int = 0
+
+
+class JobUnheeded(EventBase, tag="job.unheeded"):
+    """A condition that would have made the job react (``reaction``: ``pause``) on a job
+    whose loop cannot: what it did instead is in the message (it trains on)."""
+
+    condition_key: str = ""
+    reaction: str = ""
+    reason: str = ""
+
+
 class JobResumed(EventBase, tag="job.resumed"):
     step: int = 0
     reason: str = ""
@@ -411,6 +430,8 @@ Event = (
     | JobBandwidth
     | JobAtRisk
     | JobPaused
+    | JobLoop
+    | JobUnheeded
     | JobResumed
     | JobCheckpointed
     | JobRecovering

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from proto.progress import Reaction
+
 Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -205,6 +207,9 @@ GOODPUT_BUCKETS = (
     "recovery",
     "lost_work",
     "idle",
+    # running time of a loop that reports no steps (a script that does not open the rank
+    # API): training and redone work cannot be told apart there
+    "unknown",
 )
 
 
@@ -230,6 +235,24 @@ class Exclusion(msgspec.Struct, kw_only=True):
     until: float
     count: int = 1
     agent_started_at: float = 0.0
+
+
+class LoopInfo(msgspec.Struct, kw_only=True):
+    """What the job's training loop said when it opened the rank API (``LoopReady``):
+    the framework driving it and the reactions it supports, in the attempt it said so."""
+
+    framework: str = ""
+    reactions: list[Reaction] = msgspec.field(default_factory=list)
+    attempt: int = 0
+
+
+class LoopPhase(msgspec.Struct, kw_only=True):
+    """A named stretch without steps the ranks are in (``PhaseChanged``): since when (rank
+    0's stamp) and for how long it may last (None: the job's hang threshold)."""
+
+    name: str
+    since: float
+    bound_s: float | None = None
 
 
 class HeldHang(msgspec.Struct, kw_only=True):
@@ -318,3 +341,13 @@ class JobRecord(msgspec.Struct, kw_only=True):
     # GPU-s the ledger charged as recovery since the newest step for want of a step: a
     # late report can show the ranks were stepping all along (coordinator.goodput)
     stalled_gpu_s: float = 0.0
+    # what the loop said it supports (None: it has said nothing: the built-in trainer
+    # before its first word, or a script that never opens the rank API)
+    loop: LoopInfo | None = None
+    # the named phase the ranks are in, and GPU-s spent in each named phase so far (part
+    # of the ledger: out of productive, under the phase's own name)
+    phase: LoopPhase | None = None
+    phases: dict[str, float] = msgspec.field(default_factory=dict)
+    # keys of open conditions the job's loop could not react to (a pause its loop cannot
+    # take): said once, in ``job.unheeded``, and cleared when the condition closes
+    unheeded: list[str] = msgspec.field(default_factory=list)

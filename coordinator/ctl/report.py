@@ -115,18 +115,29 @@ async def _steps(s: Session, job_id: str) -> list[tuple[float, int]]:
 
 def text(r: Report, price: float | None) -> str:
     priced = "" if price is None else f", priced at {price:g} a GPU-hour"
+    if r.reports_steps:
+        progress = f"step {r.step}/{r.target_steps}, {r.step_time_s:.3f} s a productive step"
+    else:
+        progress = "step unknown (its loop reports no steps)"
     lines = [
-        f"job {r.job}: {r.state}, step {r.step}/{r.target_steps}, {r.world_size} GPUs, "
-        f"{r.step_time_s:.3f} s a productive step{priced}",
+        f"job {r.job}: {r.state}, {progress}, {r.world_size} GPUs{priced}",
         "",
         f"{'bucket':18} {'GPU-h':>10}" + ("" if price is None else f" {'cost':>10}"),
     ]
-    total = sum(r.ledger.values())
-    for bucket, gpu_s in [*r.ledger.items(), ("total", total)]:
+    phases = {f"{name} (phase)": gpu_s for name, gpu_s in r.phases.items()}
+    rows = {**r.ledger, **phases}
+    total = sum(rows.values())
+    for bucket, gpu_s in [*rows.items(), ("total", total)]:
         cost = "" if price is None else f" {gpu_s / 3600 * price:10.4f}"
         lines.append(f"{bucket:18} {gpu_s / 3600:10.4f}{cost}")
-    if total:
+    if total and r.reports_steps:
         lines.append(f"goodput: {r.ledger['productive'] / total:.1%} of GPU time was productive")
+    elif total:
+        lines.append(
+            "goodput: unknown; the job's loop reports no steps, so its running time "
+            f"({r.ledger.get('unknown', 0.0) / total:.1%} of GPU time) cannot be split into "
+            "training and redone work (open the rank API to measure it)"
+        )
     lines += ["", "faults (cost measured; saved estimated):"]
     if not r.faults:
         lines.append("  none")

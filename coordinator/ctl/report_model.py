@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from coordinator import loop_support
 from proto.events import (
     EventBase,
     JobCheckpointed,
@@ -81,6 +82,10 @@ class Report:
     pauses: list[tuple[float, float]] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
     name: str = ""  # the job's name, as its job file gives it
+    # False: the job's loop reports no steps, so the step, the productive/lost split and
+    # the step time are unknown (the running time is in the ledger's ``unknown``)
+    reports_steps: bool = True
+    phases: dict[str, float] = field(default_factory=dict)  # GPU-s per named loop phase
 
 
 def build(record: JobRecord, events: list[EventBase], steps: list[tuple[float, int]]) -> Report:
@@ -101,6 +106,8 @@ def build(record: JobRecord, events: list[EventBase], steps: list[tuple[float, i
         step_time_s=step_time,
         ledger={b: record.goodput.get(b, 0.0) for b in GOODPUT_BUCKETS},
         steps=sorted(steps) or _interpolated(events),
+        reports_steps=loop_support.reports_steps(record),
+        phases=dict(record.phases),
     )
     _Walk(report, record, events).run()
     return report

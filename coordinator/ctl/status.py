@@ -16,19 +16,25 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
+from coordinator import loop_support
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
 from proto.job import GOODPUT_BUCKETS, JobRecord
 from proto.node import CoordinatorRecord, NodeRecord
+from proto.progress import Reaction
 
 
 def job_view(job: JobRecord) -> dict[str, Any]:
-    """The public shape of one job: the contract's fields first, then the rest."""
+    """The public shape of one job: the contract's fields first, then the rest. A job whose
+    loop reports no steps has ``step`` null (unknown, not 0), and its ledger's running time
+    is ``unknown`` rather than productive (``reports_steps`` false)."""
+    known = loop_support.reports_steps(job)
+    has = loop_support.reactions(job)
     out: dict[str, Any] = {
         "id": job.id,
         "name": job.name,
         "state": job.state.value,
-        "step": job.step,
+        "step": job.step if known else None,
         "target_steps": job.target_steps,
         "restarts": job.restarts,
         "pauses": job.pauses,
@@ -39,6 +45,12 @@ def job_view(job: JobRecord) -> dict[str, Any]:
         "tokens_per_s": job.tokens_per_s,
         "mfu": job.mfu,
         "goodput": {b: round(job.goodput.get(b, 0.0), 3) for b in GOODPUT_BUCKETS},
+        "reports_steps": known,
+        "framework": job.loop.framework
+        if job.loop
+        else ("builtin" if not job.spec.job.entry else None),
+        "reactions": [r.value for r in has],
+        "lacks": [r.value for r in Reaction if r not in has],
     }
     extra = msgspec.to_builtins(job)
     for key in ("spec", "exited_ranks", "accounted_at"):
@@ -101,7 +113,7 @@ def render(console: Console, data: Any, job_id: str | None, *, wide: bool = Fals
         [
             j["id"],
             _state(j["state"]),
-            f"{j['step']}/{j['target_steps']}",
+            f"{_or_unknown(j['step'])}/{j['target_steps'] or '?'}",
             f"{j['loss']:.3f}" if j["loss"] is not None else "-",
             f"{j['tokens_per_s']:,.0f}" if j.get("tokens_per_s") else "-",
             f"{100 * j['mfu']:.1f} %" if j.get("mfu") is not None else "-",
@@ -109,7 +121,7 @@ def render(console: Console, data: Any, job_id: str | None, *, wide: bool = Fals
             str(j["pauses"]),
             str(j["last_checkpoint_step"] or "-"),
             ", ".join(j["nodes"]) or "-",
-            _productive(j["goodput"]),
+            _productive(j["goodput"]) if j.get("reports_steps", True) else "?",
         ]
         for j in data["jobs"]
     ]
@@ -143,6 +155,10 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
         "restarts",
         "pauses",
         "pause_reasons",
+        "unheeded",
+        "reactions",
+        "lacks",
+        "phase",
         "last_checkpoint_step",
         "world_size",
         "nodes",
@@ -159,6 +175,12 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
             value = f"{100 * value:.1f} %"
         elif key == "tokens_per_s" and value is not None:
             value = f"{value:,.0f}"
+        elif key == "step" and value is None and not j.get("reports_steps", True):
+            value = "unknown (its loop reports no steps)"
+        elif key == "phase" and value:
+            value = (
+                f"{value['name']} since {datetime.fromtimestamp(value['since'], UTC):%H:%M:%S} UTC"
+            )
         elif isinstance(value, list):
             value = ", ".join(value)
         cells.append((key, "-" if value in (None, "") else str(value)))
@@ -171,10 +193,17 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
     ledger.add_column("bucket")
     ledger.add_column("GPU-s", justify="right")
     ledger.add_column("%", justify="right")
-    total = sum(j["goodput"].values()) or 1.0
-    for bucket, secs in j["goodput"].items():
+    phases = {f"{name} (phase)": secs for name, secs in (j.get("phases") or {}).items()}
+    buckets = {**j["goodput"], **phases}
+    total = sum(buckets.values()) or 1.0
+    for bucket, secs in buckets.items():
         ledger.add_row(bucket, f"{secs:.1f}", f"{100 * secs / total:.1f}")
     _emit(console, _lines(console, ledger))
+    if not j.get("reports_steps", True):
+        console.print(
+            "the split of the running time is unknown: the job's loop reports no steps, so "
+            "training and redone work cannot be told apart (open the rank API to measure it)"
+        )
 
 
 @dataclass(frozen=True)
@@ -282,6 +311,10 @@ _COLOURS = {
 def _state(state: str) -> str:
     colour = _COLOURS.get(state)
     return f"[{colour}]{state}[/{colour}]" if colour else state
+
+
+def _or_unknown(value: Any) -> str:
+    return "?" if value is None else str(value)
 
 
 def _productive(goodput: dict[str, float]) -> str:
