@@ -98,4 +98,7 @@ class OperatorInputs:
         if req.action == "resume" and job.pause_reasons:
             held = ", ".join(job.pause_reasons)
             return ApiReply(ok=False, job=job.id, error=f"job {job.id} stays paused: {held}")
+        if req.action == "stop" and (why := loop_support.lacking(job, Reaction.PAUSE)):
+            note = f"its ranks are terminated, with no checkpoint at a step first: {why}"
+            return ApiReply(ok=True, job=job.id, note=note)
         return ApiReply(ok=True, job=job.id)

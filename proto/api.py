@@ -29,6 +29,7 @@ class ApiReply(msgspec.Struct, kw_only=True):
     error: str = ""
     job: str = ""
     coordinator: str = ""
+    note: str = ""  # how an accepted request is carried out, when it matters
 
 
 class InjectFault(msgspec.Struct, kw_only=True):

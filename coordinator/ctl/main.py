@@ -19,6 +19,7 @@ from typing import NoReturn
 from nats.errors import Error as NatsError
 from rich.console import Console
 
+from coordinator import loop_support
 from coordinator.auth import init as init_auth
 from coordinator.ctl import join, local, netns
 from coordinator.ctl.bus import Session, session
@@ -254,6 +255,9 @@ async def _remote(
             if not reply.ok:
                 raise CtlError(reply.error, code=2)
             print(f"{reply.job}: {point.note}", file=sys.stderr)
+            said = loop_support.summary(JobRecord(id=reply.job, name=spec.job.name, spec=spec))
+            loop = "its script's" if spec.job.entry else "the built-in trainer's"
+            print(f"{reply.job}: reactions ({loop}): {said}", file=sys.stderr)
             print(reply.job, flush=True)
             return await _wait(s, reply.job) if args.wait else 0
         if cmd == "status":
@@ -275,7 +279,10 @@ async def _remote(
             if not reply.ok:
                 code = 2 if reply.error.startswith("no job") else 1
                 raise CtlError(reply.error, code=code)
-            print(f"{cmd}: sent to {reply.job}", file=sys.stderr)
+            print(
+                f"{cmd}: sent to {reply.job}{f' ({reply.note})' if reply.note else ''}",
+                file=sys.stderr,
+            )
             return 0
         if cmd == "report":
             print(await report(s, args.job, args.price_per_gpu_hour, args.html, args.json))
