@@ -247,7 +247,12 @@ class Driver:
             self.link.send(message)
 
     def saved(self, step: int, path: Path, stall_s: float) -> None:
-        self._open().saved(step, path, stall_s)
+        """Every rank reports its part of the framework's checkpoint written; once all have
+        (a barrier on the API's group), rank 0 reports the checkpoint."""
+        session = self._open()
+        if dist.is_initialized():
+            dist.barrier(group=session.control.group)
+        session.saved(step, path, stall_s)
 
     def finish(self, outcome: Outcome | None) -> None:
         """Training ended (every rank): what :meth:`Session.finish` does, then the process
