@@ -1,0 +1,132 @@
+"""The Hugging Face integration (``ringmaster.integrations.hf``) in examples/hf_trainer.py,
+a ``Trainer`` script as its documentation writes it plus two lines, on two real ranks with
+a fake agent: it says what it supports, pauses at one step, writes the ``Trainer``'s own
+checkpoint at the step every rank agrees on and reports it, stops after that checkpoint,
+and restores from the memory tier after its ranks are killed. The same script without its
+two lines runs as before and opens nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proto.progress import (
+    Checkpointed,
+    ControlAction,
+    Finished,
+    LoopReady,
+    Paused,
+    Reaction,
+    Resumed,
+    StepDone,
+)
+from tests.trainer.conftest import REPO, free_port
+from trainer.fake_agent import FakeAgent
+
+pytestmark = pytest.mark.slow
+SCRIPT = REPO / "examples" / "hf_trainer.py"
+MARK = "# ringmaster"
+
+
+def integration_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.rstrip().endswith(MARK)]
+
+
+def unmodified(path: Path, into: Path) -> Path:
+    """The script without its integration lines: the user's own, as it was."""
+    kept = [line for line in path.read_text().splitlines() if not line.rstrip().endswith(MARK)]
+    into.write_text("\n".join(kept) + "\n")
+    return into
+
+
+def argv(out: Path, steps: int = 100_000, *extra: str) -> list[str]:
+    return [str(SCRIPT), "--out", str(out), "--steps", str(steps), *extra]
+
+
+def test_the_integration_is_two_lines() -> None:
+    lines = integration_lines(SCRIPT)
+    assert len(lines) == 2, lines
+
+
+def test_pause_checkpoint_and_stop_at_one_step_through_the_trainer_s_own_save(
+    tmp_path: Path, launch: Any, make_spec: Any
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    out = tmp_path / "out"
+    spec = make_spec(checkpoint={"memory_every_steps": 5})
+    ranks = launch(spec, socket_path=agent.path, argv=argv(out, 100_000, "--save-steps", "100000"))
+    ready = agent.wait_for(LoopReady, timeout=120)
+    assert ready.framework == "hf" and set(ready.reactions) == set(Reaction)
+    agent.wait_for(StepDone, lambda m: m.step >= 3)
+    agent.send(ControlAction.PAUSE)
+    paused = agent.wait_for(Paused)
+    assert max(m.step for m in agent.of(StepDone)) == paused.step
+    agent.send(ControlAction.RESUME)
+    assert agent.wait_for(Resumed).step == paused.step
+    agent.send(ControlAction.CHECKPOINT)
+    saved = agent.wait_for(Checkpointed)
+    assert saved.path == str(out / f"checkpoint-{saved.step}")
+    assert (out / f"checkpoint-{saved.step}" / "trainer_state.json").exists()
+    agent.send(ControlAction.STOP)
+    assert ranks.wait(120) == [0, 0]
+    finished = agent.wait_for(Finished)
+    assert finished.outcome == "stopped"
+    assert (out / f"checkpoint-{finished.step}").is_dir(), "the stop's checkpoint is the Trainer's"
+    last = agent.of(Checkpointed)[-1]
+    assert last.step == finished.step
+    agent.close()
+
+
+def test_killed_ranks_come_back_from_memory_newer_than_the_trainer_s_checkpoint(
+    tmp_path: Path, launch: Any, make_spec: Any
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    out = tmp_path / "out"
+    spec = make_spec(checkpoint={"memory_every_steps": 3})
+    script = argv(out, 100_000, "--save-steps", "20")
+    first = launch(spec, socket_path=agent.path, argv=script)
+    agent.wait_for(Checkpointed, lambda m: m.step >= 20, timeout=120)
+    agent.wait_for(StepDone, lambda m: (m.memory_step or 0) >= 24)
+    first.signal(signal.SIGKILL)
+    first.wait()
+    reached = max(m.step for m in agent.of(StepDone))
+    again = launch(spec, socket_path=agent.path, argv=script, env={"RINGMASTER_ATTEMPT": "2"})
+    ready = agent.wait_for(LoopReady, lambda m: m.resumed_from == "memory", timeout=120)
+    durable = max(m.step for m in agent.of(Checkpointed) if m.step <= reached)
+    assert durable < ready.step <= reached and reached - ready.step <= 4
+    agent.wait_for(StepDone, lambda m: m.step == ready.step + 1)
+    again.signal(signal.SIGKILL)
+    agent.close()
+
+
+def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path) -> None:
+    plain = unmodified(SCRIPT, tmp_path / "plain.py")
+    text = plain.read_text()
+    assert "from ringmaster" not in text and "RingmasterCallback" not in text
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGMASTER_")} | {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    for script in (plain, SCRIPT):  # with its lines too: outside a job they do nothing
+        out = tmp_path / f"out-{script.stem}"
+        done = subprocess.run(
+            [sys.executable, str(script), "--out", str(out), "--steps", "4", "--save-steps", "2"],
+            cwd=tmp_path,
+            env={**env, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "event=" not in done.stderr
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4"]
