@@ -129,6 +129,8 @@ class ProgressInputs:
                     if job.restarts:
                         charge_lost_work(job, step - 1)
                 job.step, job.loss = step, loss
+                if job.spec.job.entry and msg.target_steps > 0:
+                    job.target_steps = msg.target_steps  # the script's own, as its loop says
                 job.memory_step = msg.memory_step  # None again after a rewind
                 job_machine.trained_to(job, step)
                 job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu

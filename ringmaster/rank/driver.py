@@ -176,6 +176,7 @@ class Driver:
             session.step = loop_step or 0
         session.announce()
         self.last_step, self.last_at = session.step, time.perf_counter()
+        self.log("start", step=session.step, target=self.target or 0)
         return session.step
 
     # -- the step boundary ------------------------------------------------------------------
@@ -183,8 +184,10 @@ class Driver:
     def step(
         self, step: int, loss: float | None, tokens: int | None, target: int | None
     ) -> Decision:
+        if self.session is None:  # the loop restores nothing: what it trains is a fresh start
+            self._open().announce()
+            self.log("start", step=0, target=target or 0)
         session = self._open()
-        session.announce()
         if self.last_step is not None and step <= self.last_step:
             raise RankApiError(
                 f"step({step}) after step({self.last_step}): steps must increase by one or "
@@ -196,6 +199,8 @@ class Driver:
         with self.beat.in_collective():  # a stall in here waits for a peer
             decision = session.control.agree(step)
         session.stepped(step, elapsed)
+        said = {} if loss is None else {"loss": loss}
+        self.log("step", step=step, step_s=round(elapsed, 6), **said)
         self.steps_run += 1
         if self.steps_run == 1 and session.state is not None:
             session.state.prepare_snapshot()

@@ -312,7 +312,8 @@ class Session:
         """The loop's framework wrote a durable checkpoint of ``step`` at ``path``."""
         if self.checkpointer is not None:
             self.checkpointer.last_step = self.checkpointer.durable_step = step
-        self.log("checkpoint_durable", step=step, path=path, stall_s=round(stall_s, 4))
+        self.log("checkpoint_staged", step=step, stall_s=stall_s, in_memory=0)
+        self.log("checkpoint_durable", step=step, path=path)
         self.send(Checkpointed(step=step, path=str(path), stall_s=stall_s))
 
     def _snapshot(self, staging: Path, target: Path) -> dict[str, Any]:

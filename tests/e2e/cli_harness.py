@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -186,3 +187,29 @@ class Ctl:
     def start(self, job_file: str = "tiny.toml", *overrides: str) -> str:
         sets = [arg for item in overrides for arg in ("--set", item)]
         return self("start", str(EXAMPLES / job_file), *sets).strip()
+
+
+def restarted(ctl: Ctl, job: str, count: int) -> Status:
+    """The job's ``count``-th ``job.restarted`` event, waiting up to two minutes for it."""
+
+    def found() -> Status | None:
+        events = [e for e in ctl.events("--job", job) if e["kind"] == "job.restarted"]
+        return events[count - 1] if len(events) >= count else None
+
+    return eventually(found, 120, lambda: f"no restart #{count}", 0.5)
+
+
+def first_event(ctl: Ctl, job: str, kind: str, after: float = 0.0, timeout: float = 120) -> Status:
+    """The job's first event of ``kind`` later than ``after`` (event time, Unix seconds)."""
+
+    def found() -> Status | None:
+        for e in ctl.events("--job", job):
+            if e["kind"] == kind and _seconds(e["time"]) > after:
+                return e
+        return None
+
+    return eventually(found, timeout, lambda: f"no {kind} after {after}", 0.5)
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()

@@ -8,21 +8,12 @@ with what its ranks' own step timestamps say within 1 % of the job's wall time."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from cli_harness import Ctl, eventually
+from cli_harness import Ctl, eventually, restarted
 from ledger_truth import attempts, truth
 
 pytestmark = pytest.mark.slow
-
-
-def _restarted(ctl: Ctl, job: str, count: int) -> dict[str, Any]:
-    def found() -> dict[str, Any] | None:
-        events = [e for e in ctl.events("--job", job) if e["kind"] == "job.restarted"]
-        return events[count - 1] if len(events) >= count else None
-
-    return eventually(found, 120, lambda: f"no restart #{count}", 0.5)
 
 
 @pytest.mark.timeout(600)
@@ -42,7 +33,7 @@ def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: 
     status = ctl.wait(job, lambda s: s["state"] == "running" and s["step"] >= 40)
     master = status["nodes"][0]
     ctl("inject", master, "lose-node")
-    first = _restarted(ctl, job, 1)
+    first = restarted(ctl, job, 1)
     assert master not in first["nodes"] and len(first["nodes"]) == 2
 
     status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 1)
@@ -66,7 +57,7 @@ def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: 
     )
     assert hung["node"] == victim and hung["rank"] == 1 and "stopped" in hung["evidence"]
     assert hung["stacks"], "the culprit's stacks were not captured"
-    _restarted(ctl, job, 2)
+    restarted(ctl, job, 2)
     recovering = [e for e in ctl.events("--job", job) if e["kind"] == "job.recovering"]
     assert f"on {victim} hung" in recovering[1]["reason"], recovering[1]
     others = [e for e in ctl.events("--job", job) if e["kind"] == "worker.hung" and e != hung]
@@ -75,7 +66,7 @@ def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: 
     status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 2)
     noticed = status["nodes"][0]
     ctl("inject", noticed, "spot-notice=20")
-    third = _restarted(ctl, job, 3)
+    third = restarted(ctl, job, 3)
     assert noticed not in third["nodes"]
     events = ctl.events("--job", job)
     [recovering] = [e for e in events if e["kind"] == "job.recovering"][2:3]

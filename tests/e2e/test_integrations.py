@@ -1,0 +1,169 @@
+"""A user's own Hugging Face ``Trainer`` script (examples/hf_trainer.py) as a job on a local
+cluster, with its two integration lines and without them.
+
+With them, one job goes through every reaction the built-in trainer gets: an NVMe spike
+pauses it within a step and its recovery resumes it; ``checkpoint`` writes the Trainer's own
+checkpoint at a step every rank agrees on; a killed rank is back from the memory tier a few
+steps back; a stopped rank is found as hung with the culprit named; a spot notice
+checkpoints before its deadline and the next attempt loses no step; ``stop`` stops after a
+checkpoint; and the ledger agrees with the ranks' own step stamps.
+
+Without them, the job says it has no reactions; ``pause`` and ``checkpoint`` are refused
+with the reason; a spike is said to go unheeded while the job trains on; and ``status``
+says the step and the ledger's split are unknown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_harness import EXAMPLES, Ctl, eventually, first_event, restarted
+from ledger_truth import attempts, truth
+
+pytestmark = pytest.mark.slow
+MARK = "# ringmaster"
+
+
+def entry(script: str, out: Path, *extra: str) -> str:
+    argv = [script, "--out", str(out), "--steps", "100000", "--save-steps", "100000", *extra]
+    return f"job.entry={json.dumps(argv)}"
+
+
+def events(ctl: Ctl, job: str, kind: str) -> list[dict[str, object]]:
+    return [e for e in ctl.events("--job", job) if e["kind"] == kind]
+
+
+@pytest.mark.timeout(900)
+def test_a_hugging_face_trainer_gets_every_reaction(ctl: Ctl, tmp_path: Path) -> None:
+    out = tmp_path / "hf-out"
+    ctl("up", "--nodes", "3")
+    job = ctl.start(
+        "hf_trainer.toml",
+        entry("hf_trainer.py", out),
+        "job.min_nodes=1",
+        f"checkpoint.dir={tmp_path / 'ckpt'}",
+    )
+    status = ctl.wait(
+        job, lambda s: s["state"] == "running" and (s["step"] or 0) >= 10, timeout=300
+    )
+    assert status["framework"] == "hf" and status["lacks"] == [], status
+    [said] = events(ctl, job, "job.loop")
+    assert said["reactions"] == ["pause", "checkpoint", "memory tier", "hang by beat"]
+
+    # an NVMe spike on a job node pauses the ranks, and its recovery resumes them
+    node = status["nodes"][1]
+    ctl("inject", node, "nvme-latency=500")
+    paused = ctl.wait(job, lambda s: s["state"] == "paused")
+    spike = first_event(ctl, job, "job.paused")
+    ctl("inject", node, "clear")
+    resumed = ctl.wait(job, lambda s: s["state"] == "running" and s["step"] > paused["step"])
+    assert resumed["pause_reasons"] == []
+    assert spike["step"] == paused["step"]
+
+    # the operator's checkpoint is the Trainer's own, at a step every rank agreed on
+    ctl("checkpoint", job)
+    saved = eventually(
+        lambda: events(ctl, job, "job.checkpointed") or None, 60, lambda: "no checkpoint", 0.5
+    )[0]
+    assert saved["path"] == str(out / f"checkpoint-{saved['step']}")
+    assert (out / f"checkpoint-{saved['step']}" / "trainer_state.json").exists()
+
+    # a killed rank is back from the memory tier, a few steps back
+    reached = ctl.wait(
+        job, lambda s: s["state"] == "running" and (s["memory_step"] or 0) > saved["step"]
+    )
+    victim = reached["nodes"][1]
+    ctl("inject", victim, "kill-worker")
+    first = restarted(ctl, job, 1)
+    ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 1)
+    loop = events(ctl, job, "job.loop")[-1]
+    assert loop["resumed_from"] == "memory", loop
+    assert 0 <= first["from_step"] - loop["step"] <= 1 and loop["step"] > saved["step"]
+
+    # a stopped rank is found as hung, its culprit named
+    ctl("inject", victim, "hang")
+    hung = eventually(
+        lambda: [e for e in events(ctl, job, "worker.hung") if not e["culprit_unknown"]] or None,
+        90,
+        lambda: "no worker.hung naming a culprit",
+        0.5,
+    )[0]
+    assert hung["node"] == victim and hung["rank"] == 1 and hung["stacks"]
+    restarted(ctl, job, 2)
+    status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 2)
+
+    # a spot notice: the Trainer checkpoints at the next step, and nothing is lost
+    noticed = status["nodes"][0]
+    ctl("inject", noticed, "spot-notice=20")
+    third = restarted(ctl, job, 3)
+    assert noticed not in third["nodes"]
+    recovering = events(ctl, job, "job.recovering")[2]
+    assert "preemption" in str(recovering["reason"]) and "no checkpoint" not in str(
+        recovering["reason"]
+    )
+    stopped_at = [
+        e["step"] for e in events(ctl, job, "job.checkpointed") if e["time"] > recovering["time"]
+    ]
+    ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 3)
+    loop = events(ctl, job, "job.loop")[-1]
+    assert stopped_at and loop["resumed_from"] == "loop" and loop["step"] == stopped_at[-1]
+
+    ctl("stop", job)
+    final = ctl.wait(job, lambda s: s["state"] == "stopped")
+    assert final["restarts"] == 3
+    assert (out / f"checkpoint-{final['step']}").is_dir()
+
+    # the ledger against the ranks' own account (as tests/e2e/test_faults.py checks it)
+    wall = final["finished_at"] - final["started_at"]
+    world = final["world_size"]
+    ranks = truth(attempts(ctl.home, job), final["started_at"])
+    ledger = {b: gpu_s / world for b, gpu_s in final["goodput"].items()}
+    off = {b: ledger[b] - seconds for b, seconds in ranks.items()}
+    table = ", ".join(f"{b} {ledger[b]:.2f} vs {ranks[b]:.2f}" for b in ranks)
+    split = ("productive", "lost_work")
+    exact = {b: d for b, d in off.items() if b not in split}
+    exact["training"] = off["productive"] + off["lost_work"]
+    bound = 0.01 * wall + 1.0 * final["restarts"]
+    assert all(abs(d) <= bound for d in exact.values()), f"wall {wall:.1f} s: {table}"
+    assert all(abs(off[b]) <= 0.05 * wall for b in split), f"wall {wall:.1f} s: {table}"
+
+
+@pytest.mark.timeout(600)
+def test_an_unmodified_script_is_refused_what_it_cannot_do_and_its_ledger_says_so(
+    ctl: Ctl, tmp_path: Path
+) -> None:
+    source = (EXAMPLES / "hf_trainer.py").read_text().splitlines()
+    plain = tmp_path / "hf_plain.py"
+    plain.write_text("\n".join(line for line in source if not line.rstrip().endswith(MARK)))
+    job_file = tmp_path / "plain.toml"
+    argv = ["hf_plain.py", "--out", str(tmp_path / "out"), "--steps", "100000"]
+    job_file.write_text(
+        f'[job]\nname = "hf-plain"\nnodes = 2\nentry = {json.dumps(argv)}\n'
+        f'[checkpoint]\ndir = "{tmp_path / "ckpt"}"\n'
+    )
+    ctl("up", "--nodes", "2")
+    started = ctl.run("start", str(job_file))
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.strip()
+    assert "reactions (its script's): none" in started.stderr, started.stderr
+    status = ctl.wait(job, lambda s: s["state"] == "running")
+    assert status["step"] is None and status["reactions"] == [] and not status["reports_steps"]
+    for verb in ("pause", "checkpoint"):
+        refused = ctl.run(verb, job)
+        assert refused.returncode == 1, refused.stderr
+        [line] = refused.stderr.strip().splitlines()
+        assert f"cannot {verb}" in line and "rank API" in line, line
+    ctl("inject", status["nodes"][1], "nvme-latency=500")
+    unheeded = first_event(ctl, job, "job.unheeded")
+    assert "trains on" in str(unheeded["message"])
+    status = ctl.view(job)
+    assert status["state"] == "running" and status["pause_reasons"] == []
+    assert unheeded["condition_key"] in status["unheeded"]
+    text = ctl("status", job)
+    assert "unknown" in text and "reports no steps" in text
+    assert status["goodput"]["productive"] == 0.0 and status["goodput"]["unknown"] > 0
+    done = ctl.run("stop", job)
+    assert done.returncode == 0 and "no checkpoint at a step first" in done.stderr
+    ctl.wait(job, lambda s: s["state"] == "stopped")
