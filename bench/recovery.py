@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/recovery.py [--steps 3000] [--only ringmaster|torchrun]
         [--memory both|on|off] [--first on|off] [--no-baseline] [--cap 150] [--json OUT.json]
+        [--workload builtin|hf]
 
 Ringmaster: ``coordinatorctl up --nodes 4``, one 2-rank ``examples/tiny.toml`` job
 (checkpoint every 100 steps, ``job.min_nodes=1``, default policy), and the faults one after
@@ -19,6 +20,12 @@ torchrun: two ``torchrun --nnodes=1:2 --rdzv-backend=c10d`` agents on this machi
 rank each, the first hosts the rendezvous store: the "master node"), the same trainer and
 job file, ``--max-restarts 10``; each fault on a fresh pair, since some leave nothing to
 recover. A spot notice means nothing to torchrun: the node vanishes at its deadline (20 s).
+
+``--workload hf``: the same, with a user's own Hugging Face ``Trainer`` script
+(``examples/hf_trainer.py``, ``save_steps=200``) instead of the built-in trainer: under
+Ringmaster with its two-line callback (``examples/hf_trainer.toml``); under torchrun as its
+users run it today, the script without those lines (it resumes from its own newest
+checkpoint), timed by ``bench/hf_steps.py``, a stopwatch callback that changes nothing.
 
 For every fault: seconds from the fault to the first training step of the attempt after
 it (from the ranks' own log lines, ``wall=`` Unix time), and the steps redone (the newest
@@ -49,6 +56,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cluster_harness import (
+    REPO,
     TINY,
     Ctl,
     Record,
@@ -67,6 +75,22 @@ INJECT = {  # fault → (which of the job's nodes, the inject form)
     "spot notice 20 s": (0, "spot-notice=20"),
 }
 GAP_S = 15.0  # seconds of training between one fault's recovery and the next fault
+HF_SCRIPT = REPO / "examples" / "hf_trainer.py"
+HF_JOB = REPO / "examples" / "hf_trainer.toml"
+HF_SAVE_STEPS = 200  # the script's own checkpoint cadence, as its users set it
+
+
+def hf_entry(out: Path, steps: int) -> str:
+    """``job.entry`` for the Hugging Face script writing into ``out``."""
+    argv = ["hf_trainer.py", "--out", str(out), "--steps", str(steps)]
+    return "job.entry=" + json.dumps([*argv, "--save-steps", str(HF_SAVE_STEPS)])
+
+
+def unmodified_hf(into: Path) -> Path:
+    """The Hugging Face script without its integration lines: its users' own."""
+    lines = HF_SCRIPT.read_text().splitlines()
+    into.write_text("\n".join(x for x in lines if not x.rstrip().endswith("# ringmaster")))
+    return into
 
 
 @dataclass
@@ -129,7 +153,7 @@ def restore_took(records: list[Record], after: float, before: float) -> float | 
 def _trained(ctl: Ctl, job: str, step: int, timeout: float) -> dict | None:  # type: ignore[type-arg]
     def ready() -> dict | None:  # type: ignore[type-arg]
         s = ctl.status(job)
-        return s if s["state"] == "running" and s["step"] >= step else None
+        return s if s["state"] == "running" and (s["step"] or 0) >= step else None
 
     return wait_for(ready, timeout, 0.3)
 
@@ -142,15 +166,20 @@ def ringmaster(
     memory: bool,
     baseline: bool,
     faults: tuple[str, ...] | list[str] = FAULTS,
+    workload: str = "builtin",
 ) -> tuple[list[Result], dict[str, object]]:
     root.mkdir(parents=True, exist_ok=True)
     ctl = Ctl(root / "cluster", root)
     sets = ["--set", f"train.steps={steps}", "--set", "checkpoint.every_steps=100"]
     sets += ["--set", f"checkpoint.memory_tier={'true' if memory else 'false'}"]
+    job_file = TINY
+    if workload == "hf":
+        job_file, baseline = HF_JOB, False  # the script's loss is its own business
+        sets += ["--set", hf_entry(root / "hf-out", steps)]
     ctl("up", "--nodes", "4")
     results: list[Result] = []
     try:
-        job = ctl("start", str(TINY), *sets, "--set", "job.min_nodes=1").strip()
+        job = ctl("start", str(job_file), *sets, "--set", "job.min_nodes=1").strip()
         done_at = 0
         for fault in faults:
             if _trained(ctl, job, done_at + 1, cap * 2) is None:
@@ -169,7 +198,7 @@ def ringmaster(
             if (n := sum(r.fault.split(" #")[0] == fault for r in results)) > 0:
                 result.fault = f"{fault} #{n + 1}"  # a repeated fault gets a row of its own
             results.append(result)
-            done_at = ctl.status(job)["step"]
+            done_at = ctl.status(job)["step"] or 0
             print(f"  {fault}: {result}", file=sys.stderr)
         final = wait_for(
             lambda: s if (s := ctl.status(job))["state"] in ("completed", "failed") else None,
@@ -218,7 +247,8 @@ def _worker(agent: subprocess.Popen[bytes]) -> int | None:
     """The trainer process under a torchrun agent."""
     for child in _children(agent.pid):
         try:
-            if b"trainer.worker" in Path(f"/proc/{child}/cmdline").read_bytes():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"trainer.worker" in cmdline or b"hf_steps.py" in cmdline:
                 return child
         except OSError:
             continue
@@ -232,12 +262,20 @@ def _lose(agent: subprocess.Popen[bytes]) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-def torchrun_trial(fault: str, steps: int, cap: float, gap: float, root: Path) -> Result:
+def torchrun_trial(
+    fault: str, steps: int, cap: float, gap: float, root: Path, workload: str = "builtin"
+) -> Result:
     work = root / re.sub(r"\W+", "-", fault)
     work.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     logs = [work / f"agent-{i}.log" for i in range(2)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RINGMASTER_WORKDIR": str(work)}
+    env["PYTHONPATH"] = str(REPO)
+    worker = ["-m", "trainer.worker", "--config", str(work / "job.toml")]
+    if workload == "hf":
+        script = str(unmodified_hf(work / "hf_trainer.py"))
+        worker = [str(REPO / "bench" / "hf_steps.py"), script, "--out", str(work / "out")]
+        worker += ["--steps", str(steps), "--save-steps", str(HF_SAVE_STEPS)]
     argv = [
         sys.executable,
         "-m",
@@ -249,10 +287,7 @@ def torchrun_trial(fault: str, steps: int, cap: float, gap: float, root: Path) -
         "--rdzv-id=bench",
         "--max-restarts=10",
         "--monitor-interval=0.5",
-        "-m",
-        "trainer.worker",
-        "--config",
-        str(work / "job.toml"),
+        *worker,
     ]
     text = TINY.read_text().replace("steps = 200", f"steps = {steps}")
     text = text.replace("every_steps = 50", "every_steps = 100")
@@ -267,7 +302,7 @@ def torchrun_trial(fault: str, steps: int, cap: float, gap: float, root: Path) -
                     )
                 )
             time.sleep(1.0)  # the first agent hosts the rendezvous store
-        if not wait_for(lambda: newest_step(read_records(logs), time.time()) or None, 300):
+        if not wait_for(lambda: newest_step(read_records(logs), time.time()) or None, 300, 0.5):
             return Result(fault, None, None, "torchrun never trained")
         time.sleep(gap)
         fault_at = time.time()
@@ -358,6 +393,12 @@ def main() -> int:
     )
     parser.add_argument("--no-baseline", action="store_true", help="skip the uninterrupted run")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--workload",
+        choices=("builtin", "hf"),
+        default="builtin",
+        help="the built-in trainer, or a user's Hugging Face Trainer script",
+    )
     args = parser.parse_args()
     runs: dict[str, list[Result]] = {}
     summaries: dict[str, dict[str, object]] = {}
@@ -372,14 +413,23 @@ def main() -> int:
                 baseline = i == 0 and not args.no_baseline
                 work = root / f"ringmaster-{'on' if memory else 'off'}"
                 runs[name], summaries[name] = ringmaster(
-                    args.steps, args.cap, args.gap, work, memory, baseline, args.faults
+                    args.steps,
+                    args.cap,
+                    args.gap,
+                    work,
+                    memory,
+                    baseline,
+                    args.faults,
+                    args.workload,
                 )
         if args.only != "ringmaster":
             print("torchrun elastic: a fresh pair of agents per fault", file=sys.stderr)
             theirs = runs.setdefault("torchrun elastic", [])
             for fault in args.faults:
                 theirs.append(
-                    torchrun_trial(fault, args.steps, args.cap, args.gap, root / "torchrun")
+                    torchrun_trial(
+                        fault, args.steps, args.cap, args.gap, root / "torchrun", args.workload
+                    )
                 )
                 print(f"  {fault}: {theirs[-1]}", file=sys.stderr)
     print(table(runs))

@@ -158,8 +158,9 @@ class DcpState:
         self.module = module
         self.optimizer = optimizer
         self.group = group
-        self.rank = dist.get_rank(group)
-        self.world_size = dist.get_world_size(group)
+        alone = not dist.is_initialized()  # a lone process without a process group
+        self.rank = 0 if alone else dist.get_rank(group)
+        self.world_size = 1 if alone else dist.get_world_size(group)
         self.replicated = replicated
         cuda = torch.cuda.is_available()
         self.stager = DefaultStager(

@@ -83,7 +83,7 @@ class Driver:
         self.target: int | None = None
         self.ended = False
         self.stopped = False  # a stop was decided: the loop's end is "stopped"
-        self.log("rank_api", framework=framework, loop_saves=loop_saves, pid=os.getpid())
+        self.log("started", pid=os.getpid(), framework=framework, loop_saves=loop_saves)
 
     # -- state ------------------------------------------------------------------------------
 

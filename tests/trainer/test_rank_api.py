@@ -7,14 +7,18 @@ without an agent."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
+from proto.job import memory_store_name
 from proto.progress import (
     Checkpointed,
     ControlAction,
@@ -130,3 +134,56 @@ def test_the_same_loop_runs_unchanged_without_an_agent(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "event=" not in done.stderr  # nothing of Ringmaster's ran
     assert list(tmp_path.iterdir()) == []  # and nothing was written
+
+
+MISUSE = {
+    "register after restore": (
+        "rank.register(model); rank.restore(); rank.register(optimizer=opt)",
+        "register() after restore() or step()",
+    ),
+    "a step that goes backwards": (
+        "rank.register(model); rank.restore(); rank.step(3); rank.step(2)",
+        "step(2) after step(3): steps must increase",
+    ),
+    "restore twice": ("rank.restore(); rank.restore()", "restore() called twice"),
+    "a phase without a name": ("rank.restore()\nwith rank.phase(''): pass", "phase(''): name it"),
+    "something that is not state": ("rank.register(lr=0.1)", "a float has no state_dict()"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISUSE))
+def test_bad_use_is_one_line_naming_it_and_leaves_the_checkpoints_alone(
+    case: str, tmp_path: Path, make_spec: Any
+) -> None:
+    code, said = MISUSE[case]
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_bytes(msgspec.json.encode(make_spec()))
+    job = f"misuse-{uuid.uuid4().hex[:8]}"
+    script = (
+        "import sys, torch\nfrom ringmaster import rank\n"
+        "model = torch.nn.Linear(2, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "try:\n"
+        + "".join(f"    {line}\n" for line in code.splitlines())
+        + "except rank.RankApiError as e:\n"
+        "    print(e, file=sys.stderr); sys.exit(3)\n"
+    )
+    env = {
+        **os.environ,
+        "RINGMASTER_JOB_SPEC": str(spec_path),
+        "RINGMASTER_JOB_ID": job,
+        "RINGMASTER_ATTEMPT": "1",  # a first attempt: nothing of another run's is restored
+        "RINGMASTER_WORKDIR": str(tmp_path),
+        "PYTHONPATH": str(REPO),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True
+        )
+    finally:
+        shutil.rmtree(Path("/dev/shm") / memory_store_name(job), ignore_errors=True)
+    assert done.returncode == 3, done.stderr
+    named = [line for line in done.stderr.splitlines() if said in line]
+    assert "Traceback" not in done.stderr and len(named) == 1, done.stderr
+    assert not list((tmp_path / "ckpt").glob("step-*")), "nothing was written"
