@@ -55,6 +55,7 @@ _notice: list[float] = []  # when the notice came (monotonic), once
 _chained: dict[int, Callable[[int, FrameType | None], Any]] = {}
 _grace: list[float] = [NOTICE_GRACE_S]
 _boundaries: list[bool] = []  # a loop agrees on notices at its step boundaries
+_handling: list[bool] = []  # inside the handler (a chained handler may call back)
 
 
 def record_exit_in(path: Path | None) -> None:
@@ -103,6 +104,16 @@ def _agent_stopping() -> bool:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    if _handling:
+        return  # a framework's handler chained back to this one: once per signal
+    _handling.append(True)
+    try:
+        _handle(signum, frame)
+    finally:
+        _handling.clear()
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
     if _agent_stopping() or not _boundaries:
         who = "from the agent" if _boundaries else "before any step boundary"
         print(f"trainer: SIGTERM {who}, exiting", file=sys.stderr, flush=True)

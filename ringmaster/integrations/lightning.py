@@ -10,11 +10,12 @@ What it maps, each onto Lightning's own way:
 - **checkpoint** (an operator's, a preemption notice's, a stop's): Lightning's own
   checkpoint, written at the step every rank agrees on by the ``ModelCheckpoint`` that keeps
   ``last.ckpt`` (``save_last=True``), so ``trainer.fit(..., ckpt_path="last")`` resumes from
-  it after a restart; with no such callback, ``trainer.save_checkpoint`` writes
-  ``last.ckpt`` in the first ``ModelCheckpoint``'s directory (else
-  ``default_root_dir/checkpoints``), where ``ckpt_path="last"`` finds it too. Every rank
-  writes it (Lightning's save is collective) and reports it. Lightning's own periodic saves
-  are reported as the job's checkpoints as well.
+  it after a restart. Without ``save_last=True``, ``trainer.save_checkpoint`` writes
+  ``last.ckpt`` in the first ``ModelCheckpoint``'s directory, where ``ckpt_path="last"``
+  finds it too (with no ``ModelCheckpoint`` at all: in ``default_root_dir/checkpoints``,
+  which the script must then name). Every rank writes it (Lightning's save is collective)
+  and reports it. Lightning's own saves (``every_n_train_steps`` …) are reported as the
+  job's checkpoints too, at the hook after they are written.
 - **stop**: ``trainer.should_stop`` after that save (Lightning honours it once its
   ``min_steps``/``min_epochs`` are met).
 - **pause**: inside ``on_train_batch_end``, every rank at the same optimizer step, no rank
@@ -28,17 +29,22 @@ What it maps, each onto Lightning's own way:
   resume does, so ``trainer.global_step`` is the snapshot's step.
 - **phases**: validation (sanity check included) and Lightning's own saving are named
   phases (``eval``, ``save``), so neither is judged as a hang nor counted as training.
-- **SIGTERM**: Lightning installs its own handler when ``fit`` starts; Ringmaster's is put
-  back in front of it at ``on_train_start``, and Lightning's is still called after it.
+- **SIGTERM**: Lightning installs its own handler when ``fit`` starts (calling ours after
+  its own). At ``on_train_start`` Ringmaster's is put first again; Lightning's notifier,
+  which broadcasts from inside the signal handler and can hang against a peer's collective,
+  is called instead at the next step boundary every rank agrees on, on every rank: after
+  the notice's checkpoint, Lightning sees ``trainer.received_sigterm`` and leaves by its own
+  ``SIGTERMException``, and the rank exits as a notice says.
 
 The data position after a memory-tier restore is what Lightning's own resume from a
 mid-epoch checkpoint gives: the epoch and batch counters are the snapshot's, but a plain
-``DataLoader`` cannot be positioned mid-epoch, so the epoch starts again from its first
-batch (the sampler's order for that epoch) and ends after the batches it had left; Lightning
-warns about it ("dataloader is not resumable"). A loader with ``state_dict`` that Lightning
-restored from its own checkpoint stays where that checkpoint left it: the batches between it
-and the snapshot are trained on again. Callbacks' own state (``EarlyStopping`` …) is the one
-Lightning resumed, not the snapshot's.
+``DataLoader`` cannot be positioned mid-epoch, so the epoch's loader starts again from its
+first batch (the sampler's order for that epoch) and the epoch ends when its batch count is
+reached: the batches of its first steps are trained on again, and as many at its end are
+not seen in that epoch; Lightning warns about it ("dataloader is not resumable"). A loader
+with ``state_dict`` that Lightning restored from its own checkpoint stays where that
+checkpoint left it: the batches between it and the snapshot are trained on again.
+Callbacks' own state (``EarlyStopping`` …) is the one Lightning resumed, not the snapshot's.
 
 Written against pytorch-lightning 2.6: a few of ``ModelCheckpoint``'s and the loops'
 internals are used (named where they are).
@@ -50,6 +56,7 @@ import contextlib
 import math
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +90,15 @@ class _LoopProgress:
         fit_loop.load_state_dict(saved)
         fit_loop.reset()
         if not fit_loop._iteration_based_training():
-            fit_loop.epoch_progress.current.completed = fit_loop.epoch_progress.current.processed
+            current = fit_loop.epoch_progress.current  # a _ProcessedTracker, typed as less
+            current.completed = current.processed  # type: ignore[attr-defined]
 
 
 class RingmasterCallback(pl.Callback):
     def __init__(self) -> None:
         self._ours: Any = None  # Ringmaster's SIGTERM handler, in a job
-        if rank.init("lightning", loop_saves=True):
+        self._in_job = rank.init("lightning", loop_saves=True)  # outside one: does nothing
+        if self._in_job:
             termination.install()  # ours already (the API took SIGTERM); re-taken if not
             self._ours = signal.getsignal(signal.SIGTERM)
         self._phases = contextlib.ExitStack()
@@ -98,13 +107,17 @@ class RingmasterCallback(pl.Callback):
         self._started = False  # restored: the rank API's loop is open
         self._step = 0  # the last optimizer step reported
         self._target: int | None = None
+        self._losses: list[torch.Tensor] = []  # the batches' losses since the last step
         self._saved_step = -1  # the step of the last checkpoint reported
         self._pending: int | None = None  # a step Lightning began saving, not yet reported
+        self._notifier: Any = None  # Lightning's SIGTERM notifier, called at the boundary
 
     # -- the start: state registered, the memory tier restored, SIGTERM ---------------------
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._sigterm_first()
+        if not self._in_job:
+            return
+        self._sigterm_first(trainer)
         resumed = trainer.global_step  # the checkpoint Lightning loaded (ckpt_path), if any
         optimizers = list(trainer.optimizers)
         objects: dict[str, Any] = {
@@ -122,24 +135,33 @@ class RingmasterCallback(pl.Callback):
         target = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
         self._target = int(target) if math.isfinite(target) and target > 0 else None
 
-    def _sigterm_first(self) -> None:
-        """Ringmaster's SIGTERM handler first, Lightning's after it. Lightning's
-        ``_SignalConnector`` installed its own at ``fit`` (after ours, at ``__init__``): it
-        calls its notifier first (which sets ``trainer.received_sigterm`` and broadcasts the
-        flag from inside the handler) and then the handler it found, ours. Ours must come
-        first: the agent's stop exits at once, and a notice is flagged before Lightning's
-        broadcast, which can block. ``termination.install()`` re-takes SIGTERM and chains to
-        what it finds, so ours is taken out of Lightning's list first (else the two would
-        call each other for ever); a Lightning that replaced ours is chained to as it is.
-        Lightning puts ours back (alone) when ``fit`` ends."""
-        if self._ours is None:
-            return
+    def _sigterm_first(self, trainer: pl.Trainer) -> None:
+        """SIGTERM to Ringmaster's handler, and to Lightning's at the step every rank agrees
+        on. Lightning's ``_SignalConnector`` installed its handler when ``fit`` began (after
+        ours, at ``__init__``), a list it calls in turn: its notifier, then the handler it
+        found (ours). The notifier sets ``trainer.received_sigterm`` and broadcasts it on the
+        default group from inside the handler — on a rank that a peer's collective (DDP's
+        gradient all-reduce) is waiting for, the two never match and both hang. So ours runs
+        alone at the signal (the agent's stop exits at once; a notice is flagged for the
+        next boundary, which every rank then reaches), and Lightning's notifier is called
+        at that boundary by every rank (:meth:`on_train_batch_end`), where its broadcast
+        matches; anything else in Lightning's list is still called at the signal, after
+        ours. ``termination.install()`` re-takes SIGTERM and chains to what it finds, so
+        ours and the notifier are taken out of Lightning's list first (else ours and the
+        list would call each other for ever); a handler that replaced ours is chained to as
+        it is. Lightning puts ours back, alone, when ``fit`` ends."""
         current = signal.getsignal(signal.SIGTERM)
         if current is self._ours:
             return
-        handlers = getattr(current, "signal_handlers", None)  # Lightning's _HandlersCompose
+        # pytorch-lightning internals (2.6): _HandlersCompose.signal_handlers and the notifier
+        handlers = getattr(current, "signal_handlers", None)
+        notifier = getattr(
+            getattr(trainer, "_signal_connector", None), "_sigterm_notifier_fn", None
+        )
         if isinstance(handlers, list):
-            handlers[:] = [h for h in handlers if h is not self._ours]
+            if notifier is not None and notifier in handlers:
+                self._notifier = notifier
+            handlers[:] = [h for h in handlers if h is not self._ours and h != notifier]
         termination.install()
 
     # -- the step boundary ------------------------------------------------------------------
@@ -157,16 +179,34 @@ class RingmasterCallback(pl.Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
+        if not self._started:  # outside a job
+            return
+        loss = _loss(outputs)
+        if loss is not None:
+            self._losses.append(loss)
         step = trainer.global_step
         if step <= self._step:  # accumulating gradients: no optimizer step in this batch
             return
         self._step = step
         self._report_pending(trainer)
-        decision = rank.step(step, loss=_loss(outputs), target=self._target)
+        decision = rank.step(step, loss=self._step_loss(pl_module), target=self._target)
         if decision.save:
             self._save(trainer)
+        if decision.notice and self._notifier is not None:
+            # Lightning's handler, on every rank at once (see _sigterm_first): it flags
+            # ``trainer.received_sigterm``, and Lightning leaves by its SIGTERMException
+            self._notifier(signal.SIGTERM, None)
         if decision.stop:
             trainer.should_stop = True
+
+    def _step_loss(self, pl_module: pl.LightningModule) -> torch.Tensor | None:
+        """The optimizer step's loss: Lightning's automatic optimization hands each
+        accumulated batch's loss divided by their number (their sum is the step's mean);
+        a manual one, what ``training_step`` returned last."""
+        losses, self._losses = self._losses, []
+        if not losses:
+            return None
+        return torch.stack(losses).sum() if pl_module.automatic_optimization else losses[-1]
 
     def _save(self, trainer: pl.Trainer) -> None:
         """Lightning's own checkpoint of this step, on every rank, reported."""
@@ -240,14 +280,10 @@ class RingmasterCallback(pl.Callback):
         rank.finish("stopped")
 
 
-def _loss(outputs: Any) -> float | torch.Tensor | None:
-    """The training step's loss, as ``training_step`` returned it (a tensor or a dict)."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    if isinstance(outputs, dict):
-        loss = outputs.get("loss")
-        return loss if isinstance(loss, torch.Tensor | float) else None
-    return None
+def _loss(outputs: Any) -> torch.Tensor | None:
+    """The batch's loss, as ``on_train_batch_end`` has it (a tensor or a dict's ``loss``)."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+    return loss.detach().float().mean() if isinstance(loss, torch.Tensor) else None
 
 
 def _keeper(trainer: pl.Trainer) -> ModelCheckpoint | None:
@@ -255,7 +291,7 @@ def _keeper(trainer: pl.Trainer) -> ModelCheckpoint | None:
     one (``save_last``), else the first at all."""
     found = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
     keeping = [cb for cb in found if cb.save_last]
-    return (keeping or found or [None])[0]
+    return next(iter(keeping or found), None)
 
 
 def _save_last(trainer: pl.Trainer) -> Path:

@@ -3,6 +3,11 @@ imports the other; both share only ``proto`` (the wire contract) and ``ringmaste
 shared runtime), which import neither. None of them imports the trainer (the agent starts
 ranks as processes, ``python -m trainer.worker``) or torch and its libraries.
 
+The rank API (``ringmaster.rank``) and the framework integrations
+(``ringmaster.integrations``) live in the ``ringmaster`` namespace, where a user imports
+them, but on the training side: they import torch and the trainer, and nothing of the
+control plane (the rest of ``ringmaster`` included) imports them.
+
 Every import counts: ``import x`` and ``from x import y``, at module level or inside a
 function, absolute or relative (resolved against the importing module's package)."""
 
@@ -18,11 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 # The control plane runs on machines (and in processes) without a training stack: it never
 # imports torch or the libraries built on it.
 TRAINING_STACK = ("torch", "deepspeed", "torchao")
+# the rank API and the integrations: in the ringmaster namespace, on the training side
+TRAINING_SIDE = ("ringmaster.rank", "ringmaster.integrations")
 FORBIDDEN = {
-    "coordinator": ("nodeagent", "trainer", *TRAINING_STACK),
-    "nodeagent": ("coordinator", "trainer", *TRAINING_STACK),
-    "proto": ("coordinator", "nodeagent", "trainer", *TRAINING_STACK),
-    "ringmaster": ("coordinator", "nodeagent", "trainer", *TRAINING_STACK),
+    "coordinator": ("nodeagent", "trainer", *TRAINING_STACK, *TRAINING_SIDE),
+    "nodeagent": ("coordinator", "trainer", *TRAINING_STACK, *TRAINING_SIDE),
+    "proto": ("coordinator", "nodeagent", "trainer", *TRAINING_STACK, *TRAINING_SIDE),
+    "ringmaster": ("coordinator", "nodeagent", "trainer", *TRAINING_STACK, *TRAINING_SIDE),
+    "ringmaster/rank": ("coordinator", "nodeagent"),
+    "ringmaster/integrations": ("coordinator", "nodeagent"),
 }
 
 
@@ -40,11 +49,15 @@ def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
 
 
 def violations(package: str, root: Path = ROOT) -> list[str]:
+    """Every forbidden import in ``package`` (a directory under ``root``), leaving out the
+    subpackages that have rules of their own."""
+    others = [root / p for p in FORBIDDEN if p != package and p.startswith(f"{package}/")]
     return [
         f"{path.relative_to(root)}:{line} imports {module}"
         for path in sorted((root / package).rglob("*.py"))
+        if not any(path.is_relative_to(other) for other in others)
         for line, module in sorted(imported_modules(path, root))
-        if module.split(".")[0] in FORBIDDEN[package]
+        if any(module == b or module.startswith(f"{b}.") for b in FORBIDDEN[package])
     ]
 
 
@@ -76,6 +89,19 @@ def test_the_check_catches_every_form_of_import(tmp_path: Path) -> None:
         "coordinator/sub/mod.py:3 imports nodeagent.collectors",
         "coordinator/sub/mod.py:6 imports trainer",
         "coordinator/sub/mod.py:7 imports trainer.loop",
+    ]
+
+
+def test_the_rank_api_is_on_the_training_side_of_the_runtime(tmp_path: Path) -> None:
+    """The shared runtime may not import the rank API; the rank API may import torch."""
+    (tmp_path / "ringmaster" / "rank").mkdir(parents=True)
+    (tmp_path / "ringmaster" / "log.py").write_text("from ringmaster.rank import step\n")
+    (tmp_path / "ringmaster" / "rank" / "api.py").write_text(
+        "import torch\nfrom trainer import loop\nimport coordinator.jobs\n"
+    )
+    assert violations("ringmaster", tmp_path) == ["ringmaster/log.py:1 imports ringmaster.rank"]
+    assert violations("ringmaster/rank", tmp_path) == [
+        "ringmaster/rank/api.py:3 imports coordinator.jobs"
     ]
 
 

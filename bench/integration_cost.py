@@ -1,0 +1,113 @@
+"""What the Hugging Face integration costs a step: the same ``Trainer`` script with its
+two-line callback and without, as jobs on one local cluster, in one run.
+
+    .venv/bin/python bench/integration_cost.py [--steps 800] [--rounds 2] [--warmup 50]
+        [--memory on|off] [--json OUT.json]
+
+``coordinatorctl up --nodes 2``; then, ``--rounds`` times, the script without its
+integration lines, then with them (``examples/hf_trainer.py``, two ranks, one a node),
+each for ``--steps`` steps. Every step is timed the same way in both, by
+``bench/hf_steps.py``'s stopwatch callback (the time between consecutive ``on_step_end``,
+so it holds whatever the integration does there: the step's agreement, the beat, progress
+out, memory snapshots and their share of background work). Each run's figure is rank 0's
+median step time after ``--warmup`` steps; the cost is the ratio of the runs with the
+callback to those without, per round and over all. ``--memory off`` leaves the memory
+tier out of the job (``checkpoint.memory_tier = false``), to tell its share apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.cluster_harness import REPO, Ctl, read_records, wait_for
+
+SCRIPT = REPO / "examples" / "hf_trainer.py"
+STOPWATCH = REPO / "bench" / "hf_steps.py"
+
+
+def unmodified(into: Path) -> Path:
+    lines = SCRIPT.read_text().splitlines()
+    into.write_text("\n".join(x for x in lines if not x.rstrip().endswith("# ringmaster")))
+    return into
+
+
+def job_file(root: Path, name: str, script: Path, steps: int, memory: bool) -> Path:
+    argv = [str(STOPWATCH), str(script), "--out", str(root / f"out-{name}")]
+    argv += ["--steps", str(steps), "--save-steps", str(10 * steps)]
+    path = root / f"{name}.toml"
+    path.write_text(
+        f'[job]\nname = "{name}"\nnodes = 2\nentry = {json.dumps(argv)}\n'
+        '[job.env]\nRINGMASTER_BENCH_WATCH = "watch"\n'
+        f'[checkpoint]\ndir = "{root / ("ckpt-" + name)}"\n'
+        f"memory_tier = {'true' if memory else 'false'}\n"
+    )
+    return path
+
+
+def run(ctl: Ctl, path: Path, warmup: int) -> dict[str, float]:
+    job = ctl("start", str(path)).strip()
+    ended = wait_for(
+        lambda: s if (s := ctl.status(job))["state"] in ("completed", "failed") else None,
+        1800,
+        1.0,
+    )
+    if ended is None or ended["state"] != "completed":
+        raise RuntimeError(f"{job} did not complete: {ended}")
+    logs = [p for p in ctl.logs(job) if p.name == "rank-0.log"]
+    steps = [r for r in read_records(logs) if r.event == "watch_step"]
+    times = [float(r.fields["step_s"]) for r in steps if int(r.fields["step"]) > warmup]
+    return {"median_s": statistics.median(times), "steps": len(times)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--memory", choices=("on", "off"), default="on")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    memory = args.memory == "on"
+    rounds: list[dict[str, dict[str, float]]] = []
+    with tempfile.TemporaryDirectory(prefix="ringmaster-integration-cost-") as tmp:
+        root = Path(tmp)
+        ctl = Ctl(root / "cluster", root)
+        plain = job_file(root, "plain", unmodified(root / "hf_plain.py"), args.steps, memory)
+        hooked = job_file(root, "callback", SCRIPT, args.steps, memory)
+        ctl("up", "--nodes", "2")
+        try:
+            for i in range(args.rounds):
+                begun = time.time()
+                measured = {"without": run(ctl, plain, args.warmup)}
+                measured["with"] = run(ctl, hooked, args.warmup)
+                rounds.append(measured)
+                ratio = measured["with"]["median_s"] / measured["without"]["median_s"]
+                took = time.time() - begun
+                print(
+                    f"round {i + 1}: {measured} ratio {ratio:.4f} ({took:.0f} s)", file=sys.stderr
+                )
+        finally:
+            ctl("down", check=False)
+    print("| round | without (median s/step) | with | with / without |")
+    print("|---|---|---|---|")
+    for i, m in enumerate(rounds, 1):
+        a, b = m["without"]["median_s"], m["with"]["median_s"]
+        print(f"| {i} | {a:.5f} | {b:.5f} | {b / a:.4f} |")
+    without = statistics.median(m["without"]["median_s"] for m in rounds)
+    with_ = statistics.median(m["with"]["median_s"] for m in rounds)
+    print(f"\nover all rounds: {with_:.5f} / {without:.5f} = {with_ / without:.4f}")
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": rounds, "memory": memory}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The PyTorch Lightning integration (``ringmaster.integrations.lightning``) in
+examples/lightning_module.py, a Lightning script as its documentation writes it plus two
+lines, on two real ranks with a fake agent: it says what it supports, pauses at one step,
+writes Lightning's own ``last.ckpt`` at the step every rank agrees on and reports it, stops
+after that checkpoint, and restores from the memory tier after its ranks are killed. The
+same script without its two lines runs as before and opens nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from proto.progress import (
+    Checkpointed,
+    ControlAction,
+    Finished,
+    LoopReady,
+    Paused,
+    PhaseChanged,
+    Reaction,
+    Resumed,
+    StepDone,
+)
+from tests.trainer.conftest import REPO, free_port
+from trainer.fake_agent import FakeAgent
+
+pytestmark = pytest.mark.slow
+SCRIPT = REPO / "examples" / "lightning_module.py"
+MARK = "# ringmaster"
+
+
+def integration_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.rstrip().endswith(MARK)]
+
+
+def unmodified(path: Path, into: Path) -> Path:
+    """The script without its integration lines: the user's own, as it was."""
+    kept = [line for line in path.read_text().splitlines() if not line.rstrip().endswith(MARK)]
+    into.write_text("\n".join(kept) + "\n")
+    return into
+
+
+def argv(out: Path, steps: int = 100_000, *extra: str) -> list[str]:
+    return [str(SCRIPT), "--out", str(out), "--steps", str(steps), *extra]
+
+
+def saved_step(path: Path) -> int:
+    """The global step a Lightning checkpoint file holds."""
+    step: int = torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+    return step
+
+
+def test_the_integration_is_two_lines() -> None:
+    lines = integration_lines(SCRIPT)
+    assert len(lines) == 2, lines
+
+
+def test_pause_checkpoint_and_stop_at_one_step_through_lightning_s_own_save(
+    tmp_path: Path, launch: Any, make_spec: Any
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    out = tmp_path / "out"
+    last = out / "checkpoints" / "last.ckpt"
+    spec = make_spec(checkpoint={"memory_every_steps": 5})
+    script = argv(out, 100_000, "--save-steps", "100000", "--eval-steps", "4")
+    ranks = launch(spec, socket_path=agent.path, argv=script)
+    ready = agent.wait_for(LoopReady, timeout=120)
+    assert ready.framework == "lightning" and set(ready.reactions) == set(Reaction)
+    assert ready.resumed_from == "fresh"
+    agent.wait_for(PhaseChanged, lambda m: m.name == "eval" and not m.entered)
+    agent.wait_for(StepDone, lambda m: m.step >= 5)
+    agent.send(ControlAction.PAUSE)
+    paused = agent.wait_for(Paused)
+    assert max(m.step for m in agent.of(StepDone)) == paused.step
+    agent.send(ControlAction.RESUME)
+    resumed = agent.wait_for(Resumed)
+    assert resumed.step == paused.step
+    before = agent.messages[: agent.messages.index(resumed)]
+    assert max(m.step for m in before if isinstance(m, StepDone)) == paused.step
+    agent.send(ControlAction.CHECKPOINT)
+    saved = agent.wait_for(Checkpointed)
+    assert saved.path == str(last)
+    assert saved_step(last) == saved.step
+    agent.send(ControlAction.STOP)
+    assert ranks.wait(120) == [0, 0]
+    finished = agent.wait_for(Finished)
+    assert finished.outcome == "stopped"
+    stop = agent.of(Checkpointed)[-1]
+    assert stop.step == finished.step and stop.path == str(last)
+    assert saved_step(last) == finished.step, "the stop's checkpoint is Lightning's last.ckpt"
+    assert max(m.step for m in agent.of(StepDone)) == finished.step
+    agent.close()
+
+
+def test_killed_ranks_come_back_from_memory_newer_than_lightning_s_checkpoint(
+    tmp_path: Path, launch: Any, make_spec: Any
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    out = tmp_path / "out"
+    spec = make_spec(checkpoint={"memory_every_steps": 3})
+    script = argv(out, 100_000, "--save-steps", "20")
+    first = launch(spec, socket_path=agent.path, argv=script)
+    own = agent.wait_for(Checkpointed, lambda m: m.step >= 20, timeout=120)
+    assert own.path == str(out / "checkpoints" / "last.ckpt"), "Lightning's own save, reported"
+    agent.wait_for(StepDone, lambda m: (m.memory_step or 0) >= 24)
+    first.signal(signal.SIGKILL)
+    first.wait()
+    reached = max(m.step for m in agent.of(StepDone))
+    durable = max(m.step for m in agent.of(Checkpointed) if m.step <= reached)
+    again = launch(spec, socket_path=agent.path, argv=script, env={"RINGMASTER_ATTEMPT": "2"})
+    ready = agent.wait_for(LoopReady, lambda m: m.resumed_from == "memory", timeout=120)
+    assert durable < ready.step <= reached and reached - ready.step <= 4
+    # Lightning's global step is the snapshot's: the steps go on from it, and its own
+    # next save falls on its own cadence, holding that step
+    after = agent.wait_for(StepDone, lambda m: m.step > ready.step)
+    assert after.step == ready.step + 1
+    own = agent.wait_for(Checkpointed, lambda m: m.step > ready.step)
+    assert own.step == 40 and saved_step(Path(own.path)) >= 40
+    again.signal(signal.SIGKILL)
+    agent.close()
+
+
+def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path) -> None:
+    plain = unmodified(SCRIPT, tmp_path / "plain.py")
+    text = plain.read_text()
+    assert "from ringmaster" not in text and "RingmasterCallback" not in text
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RINGMASTER_")} | {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    for script in (plain, SCRIPT):  # with its lines too: outside a job they do nothing
+        out = tmp_path / f"out-{script.stem}"
+        done = subprocess.run(
+            [sys.executable, str(script), "--out", str(out), "--steps", "4", "--save-steps", "2"],
+            cwd=tmp_path,
+            env={**env, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "event=" not in done.stderr
+        names = sorted(p.name for p in (out / "checkpoints").iterdir())
+        assert names == ["epoch=0-step=4.ckpt", "last.ckpt"]
+        assert saved_step(out / "checkpoints" / "last.ckpt") == 4
+
+
+def test_a_sigterm_notice_is_checkpointed_by_lightning_and_reaches_its_handler(
+    tmp_path: Path, launch: Any, make_spec: Any
+) -> None:
+    agent = FakeAgent(tmp_path / "agent.sock")
+    out = tmp_path / "out"
+    last = out / "checkpoints" / "last.ckpt"
+    spec = make_spec(checkpoint={"memory_every_steps": 5})
+    ranks = launch(spec, socket_path=agent.path, argv=argv(out, 100_000, "--save-steps", "100000"))
+    agent.wait_for(StepDone, lambda m: m.step >= 5, timeout=120)
+    ranks.signal(signal.SIGTERM)  # not the agent's stop: a notice
+    assert ranks.wait(60) == [143, 143]
+    saved = agent.wait_for(Checkpointed)
+    assert saved.path == str(last) and saved_step(last) == saved.step
+    for r in (0, 1):
+        assert ranks.events(r, "notice")[0]["step"] == str(saved.step)
+        assert f"[rank: {r}] Received SIGTERM" in ranks.log(r), "Lightning's handler ran too"
+    agent.close()
