@@ -4,10 +4,11 @@ Each rank runs in its own session (process group), so a stop reaches every proce
 spawned, and an agent restart does not take the ranks with it. What the agent keeps per job
 on disk (spec, PID and log files, control socket) is laid out by ``ringmaster.rundir``.
 
-The built-in trainer's ranks start in a spare interpreter that has already imported the
-training stack when one is ready (``nodeagent.warm_pool``), else cold, as user entry
-scripts always do; either way the rank is a process in its own session whose PID is its
-process group's id, watched, stopped and recorded the same way.
+The built-in trainer's ranks, and a user's Python entry script's, start in a spare
+interpreter that has already imported the training stack when one is ready
+(``nodeagent.warm_pool``), else cold (an entry that is not a ``.py`` script always does);
+either way the rank is a process in its own session whose PID is its process group's id,
+watched, stopped and recorded the same way.
 
 An agent started under running ranks (a restart) adopts them first (:meth:`Supervisor.adopt`,
 ``nodeagent.adoption``): their control channel reopens on the same socket, and their exits
@@ -195,9 +196,19 @@ class Supervisor:
                 env[rank_env.SIM_KNOBS] = str(sim_knobs(self.run_dir))
             logpath = jobdir.rank_log(spec.rank)
             proc = None
-            if not cmd.argv:  # the built-in trainer; user entry scripts start cold
+            script = cmd.argv[0] if cmd.argv and cmd.argv[0].endswith(".py") else ""
+            if script or not cmd.argv:  # the built-in trainer, or a user's Python script
                 cpus = sorted(rank_cpus(spec.cpus) or [])
-                launch = WarmLaunch(env=env, cwd=str(workdir), log=str(logpath), cpus=cpus)
+                launch = WarmLaunch(
+                    env=env,
+                    cwd=str(workdir),
+                    log=str(logpath),
+                    cpus=cpus,
+                    argv=cmd.argv[1:],
+                    script=script,
+                )
+                if script:
+                    self.warm.preload = script  # the next spares import its libraries too
                 proc = await self.warm.take(
                     launch, job=cmd.job, exit_record=jobdir.rank_exit(spec.rank)
                 )

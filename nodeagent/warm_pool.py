@@ -1,5 +1,8 @@
 """Spare rank interpreters, started ahead of need, so a rank (re)start skips the cold
-Python start and the imports of torch, DeepSpeed and torchao.
+Python start and the imports of torch, DeepSpeed and torchao — the built-in trainer's
+ranks, and a user's entry script's (a spare runs the script as ``__main__``; once a job of
+that script ran on the node, the spares started after it also import the libraries it
+imports, :attr:`WarmPool.preload`).
 
 Each spare is ``python -m trainer.warm`` in its own session (so, once it is a rank, its
 PID is its process group's id, as for a rank started cold), listening on a Unix socket the
@@ -55,7 +58,7 @@ from nodeagent.adoption import RankProcess
 from nodeagent.spare import Spare, close, import_time_difference, kill
 from nodeagent.spare_adoption import code_stamp, predecessors_spares
 from proto.codec import encode
-from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, READY, STARTED, WarmLaunch
+from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, PRELOAD_ENV, READY, STARTED, WarmLaunch
 from ringmaster.procs import start_time
 from ringmaster.rundir import spare_dir, spare_socket, warm_pool_log
 
@@ -83,6 +86,9 @@ class WarmPool:
     imports_at_once: int = field(default_factory=lambda: max(1, (os.cpu_count() or 1) // 4))
     _tasks: set[asyncio.Task[object]] = field(default_factory=set)
     _closed: bool = False
+    # a user's entry script the spares started from now on also import the libraries of
+    # (``trainer.warm.preload_script``): the node's newest entry job's
+    preload: str = ""
 
     @property
     def log_path(self) -> Path:
@@ -257,6 +263,8 @@ class WarmPool:
                 spare_env = {**env, LISTEN_FD_ENV: str(sock.fileno())}
                 if self.orphan_s is not None:
                     spare_env[ORPHAN_S_ENV] = str(self.orphan_s)
+                if self.preload:
+                    spare_env[PRELOAD_ENV] = self.preload
                 with self.log_path.open("ab") as logf:
                     proc = await asyncio.create_subprocess_exec(
                         *self.command,

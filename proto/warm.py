@@ -21,11 +21,16 @@ READY = b"ready\n"
 STARTED = b"started\n"
 LISTEN_FD_ENV = "RINGMASTER_SPARE_FD"
 ORPHAN_S_ENV = "RINGMASTER_SPARE_ORPHAN_S"
+# a user's entry script whose top-level imports the spare imports too, ahead of its launch
+PRELOAD_ENV = "RINGMASTER_SPARE_PRELOAD"
 
 
 class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     env: dict[str, str]  # replaces the interpreter's environment whole
     cwd: str
     log: str  # opened for appending, becomes stdout and stderr
-    argv: list[str] = msgspec.field(default_factory=list)  # trainer.worker's arguments
+    argv: list[str] = msgspec.field(default_factory=list)  # the rank's arguments
     cpus: list[int] = msgspec.field(default_factory=list)  # empty: keep the affinity
+    # a user's entry script to run as ``__main__`` with ``argv`` (as ``python SCRIPT ARGV``
+    # would); empty: the built-in trainer (``trainer.worker``'s main with ``argv``)
+    script: str = ""

@@ -1,6 +1,7 @@
 """The node agent's spare interpreters with real processes: handed out as ranks, refilled,
 skipped for a cold start when they cannot serve, killed on close; and the supervisor
-running the built-in trainer's ranks in them, recorded and stopped like any rank.
+running the built-in trainer's ranks and a user's entry script in them, recorded and
+stopped like any rank.
 
 Spares here run ``trainer.warm.serve`` around a stand-in ``main`` (the real trainer
 through a warm interpreter is tests/trainer/test_warm.py), so each is ready in a fraction
@@ -262,13 +263,29 @@ async def test_the_supervisor_runs_the_trainer_in_a_spare(tmp_path: Path, spare:
         [exit_] = [e for e in events if isinstance(e, WorkerExited)]
         assert exit_.pid == pid and exit_.signal == signal.SIGTERM and exit_.attempt == 2
         assert live_ranks(sup.run_dir) == []
-        # a user's entry script starts cold, leaving the spare for the trainer
+        # a user's entry script runs in a spare too, as __main__ with its arguments, and
+        # the spares started after it are told to import its libraries
         await until(lambda: sup.warm.ready() == 1)
+        spare_pid = sup.warm.spares[0].pid
         entry = tmp_path / "entry.py"
-        entry.write_text("import time; time.sleep(600)")
-        [cold] = await sup.launch(Launch(**{**msgspec.structs.asdict(cmd), "argv": [str(entry)]}))
-        assert cold not in {s.pid for s in sup.warm.spares} and sup.warm.ready() == 1
-        assert live_ranks(sup.run_dir) == [LiveRank("j1", 0, cold)]
+        said = tmp_path / "said"
+        entry.write_text(
+            "import sys, time\n"
+            f"open({str(said)!r}, 'w').write(f'{{__name__}} {{sys.argv}}')\n"
+            "time.sleep(600)\n"
+        )
+        argv = [str(entry), "--lr", "1e-4"]
+        [warm] = await sup.launch(Launch(**{**msgspec.structs.asdict(cmd), "argv": argv}))
+        assert warm == spare_pid
+        await until(lambda: said.exists() and said.read_text() != "")
+        assert said.read_text() == f"__main__ {argv}"
+        assert live_ranks(sup.run_dir) == [LiveRank("j1", 0, warm)]
+        assert sup.warm.preload == str(entry)
+        await until(lambda: sup.warm.ready() == 1)
+        environ = await asyncio.to_thread(
+            Path(f"/proc/{sup.warm.spares[0].pid}/environ").read_bytes
+        )
+        assert f"RINGMASTER_SPARE_PRELOAD={entry}".encode() in environ.split(b"\0")
     finally:
         for job_id in list(sup.runs):
             await sup.stop(job_id, force=True, grace_s=0)

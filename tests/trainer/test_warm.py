@@ -251,3 +251,25 @@ def test_the_real_worker_trains_in_a_warm_interpreter(
     assert (tmp_path / "ckpt" / "latest").exists()
     late = next(line for line in text.splitlines() if line.startswith("late imports:")).split()
     assert late[2:] and not [m for m in late[2:] if m.startswith(HEAVY)], late
+
+
+def test_a_spare_for_a_script_preloads_its_libraries_not_the_user_s_own_modules(
+    tmp_path: Path,
+) -> None:
+    from trainer.warm import script_imports
+
+    (tmp_path / "mymodel.py").write_text("")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, json\n"
+        "import torch.distributed as dist\n"
+        "from transformers import Trainer\n"
+        "from mymodel import Net\n"
+        "from . import sibling\n"
+        "def main():\n"
+        "    import accelerate\n"
+    )
+    assert script_imports(script) == ["os", "json", "torch.distributed", "transformers"]
+    assert script_imports(tmp_path / "missing.py") == []
+    (tmp_path / "broken.py").write_text("import (")
+    assert script_imports(tmp_path / "broken.py") == []
