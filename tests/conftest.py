@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from coordinator.embedded_nats import NatsServer, start_nats_server
+from tests.trainer.zygote import Zygote
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -60,3 +62,16 @@ def host_agent_config(tmp_path: Path) -> Path:
         "chronyc = []\n"
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote | None]:
+    """This test worker's fork server for ranks and scripts (tests/trainer/zygote.py),
+    started on first use; ``RINGMASTER_TEST_FORK=0``: none, every rank starts cold as the
+    node agent starts one."""
+    if os.environ.get("RINGMASTER_TEST_FORK") == "0":
+        yield None
+        return
+    server = Zygote(tmp_path_factory.mktemp("zygote"))
+    yield server
+    server.close()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from proto.progress import (
     StepDone,
 )
 from tests.trainer.conftest import REPO, free_port
+from tests.trainer.zygote import run
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -105,7 +104,7 @@ def test_killed_ranks_come_back_from_memory_newer_than_the_trainer_s_checkpoint(
     agent.close()
 
 
-def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path) -> None:
+def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path, zygote: Any) -> None:
     plain = unmodified(SCRIPT, tmp_path / "plain.py")
     text = plain.read_text()
     assert "from ringmaster" not in text and "RingmasterCallback" not in text
@@ -119,14 +118,8 @@ def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path) -> None
     }
     for script in (plain, SCRIPT):  # with its lines too: outside a job they do nothing
         out = tmp_path / f"out-{script.stem}"
-        done = subprocess.run(
-            [sys.executable, str(script), "--out", str(out), "--steps", "4", "--save-steps", "2"],
-            cwd=tmp_path,
-            env={**env, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert "event=" not in done.stderr
+        argv = [str(script), "--out", str(out), "--steps", "4", "--save-steps", "2"]
+        code, stderr = run(zygote, argv, {**env, "PYTHONPATH": str(REPO)}, tmp_path, 180)
+        assert code == 0, stderr[-2000:]
+        assert "event=" not in stderr
         assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-4"]

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 
 from proto.job import JobSpec, memory_store_name
+from tests.trainer.zygote import Forked, Zygote
 from trainer.checkpoint import default_staging_dir
 from trainer.log import read
 
@@ -55,7 +56,7 @@ def job_spec(**sections: dict[str, Any]) -> JobSpec:
 class Ranks:
     """One launch of a job: ``world_size`` worker processes."""
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]], logs: list[Path]) -> None:
+    def __init__(self, procs: list[subprocess.Popen[bytes] | Forked], logs: list[Path]) -> None:
         self.procs = procs
         self.logs = logs
 
@@ -86,8 +87,9 @@ class Ranks:
 
 
 class Launcher:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, zygote: Zygote | None = None) -> None:
         self.workdir = workdir
+        self.zygote = zygote  # forks the ranks when there is one (tests/trainer/zygote.py)
         self.launched: list[Ranks] = []
         self.count = 0
         # unique, so staging dirs and memory snapshots in /dev/shm never clash, not even
@@ -134,16 +136,23 @@ class Launcher:
             if socket_path is not None:
                 rank_env["RINGMASTER_CONTROL_SOCKET"] = str(socket_path)
             log = self.workdir / f"launch-{self.count}-rank-{rank}.log"
-            with log.open("wb") as stderr:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, *(argv or ["-m", "trainer.worker"])],
-                        cwd=self.workdir,
-                        env=rank_env,
-                        stdout=subprocess.DEVNULL,
-                        stderr=stderr,
+            command = argv or ["-m", "trainer.worker"]
+            forked = (
+                self.zygote.spawn(command, rank_env, self.workdir, log) if self.zygote else None
+            )
+            if forked is not None:
+                procs.append(forked)
+            else:
+                with log.open("wb") as stderr:
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, *command],
+                            cwd=self.workdir,
+                            env=rank_env,
+                            stdout=subprocess.DEVNULL,
+                            stderr=stderr,
+                        )
                     )
-                )
             logs.append(log)
         ranks = Ranks(procs, logs)
         self.launched.append(ranks)
@@ -157,9 +166,9 @@ def make_spec() -> Callable[..., JobSpec]:
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launcher]:
+def launch(tmp_path: Path, zygote: Zygote | None) -> Iterator[Launcher]:
     """Start ranks with ``launch(spec, ...)``; any still running at teardown are killed."""
-    launcher = Launcher(tmp_path)
+    launcher = Launcher(tmp_path, zygote)
     yield launcher
     for ranks in launcher.launched:
         ranks.signal(signal.SIGKILL)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ from proto.progress import (
     StepDone,
 )
 from tests.trainer.conftest import REPO, free_port
+from tests.trainer.zygote import run
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -114,7 +113,7 @@ def test_a_sigterm_notice_checkpoints_at_one_step_then_the_ranks_leave(
     agent.close()
 
 
-def test_the_same_loop_runs_unchanged_without_an_agent(tmp_path: Path) -> None:
+def test_the_same_loop_runs_unchanged_without_an_agent(tmp_path: Path, zygote: Any) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGMASTER_")} | {
         "RANK": "0",
         "WORLD_SIZE": "1",
@@ -123,16 +122,9 @@ def test_the_same_loop_runs_unchanged_without_an_agent(tmp_path: Path) -> None:
         "PYTHONPATH": str(REPO),
         "OMP_NUM_THREADS": "1",
     }
-    done = subprocess.run(
-        [sys.executable, *loop(5, "--eval-every", "2")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "event=" not in done.stderr  # nothing of Ringmaster's ran
+    code, stderr = run(zygote, loop(5, "--eval-every", "2"), env, tmp_path, 120)
+    assert code == 0, stderr
+    assert "event=" not in stderr  # nothing of Ringmaster's ran
     assert list(tmp_path.iterdir()) == []  # and nothing was written
 
 
@@ -153,7 +145,7 @@ MISUSE = {
 
 @pytest.mark.parametrize("case", sorted(MISUSE))
 def test_bad_use_is_one_line_naming_it_and_leaves_the_checkpoints_alone(
-    case: str, tmp_path: Path, make_spec: Any
+    case: str, tmp_path: Path, make_spec: Any, zygote: Any
 ) -> None:
     code, said = MISUSE[case]
     spec_path = tmp_path / "spec.json"
@@ -177,13 +169,12 @@ def test_bad_use_is_one_line_naming_it_and_leaves_the_checkpoints_alone(
         "RANK": "0",
         "WORLD_SIZE": "1",
     }
+    (tmp_path / "misuse.py").write_text(script)
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True
-        )
+        code, stderr = run(zygote, [str(tmp_path / "misuse.py")], env, tmp_path, 120)
     finally:
         shutil.rmtree(Path("/dev/shm") / memory_store_name(job), ignore_errors=True)
-    assert done.returncode == 3, done.stderr
-    named = [line for line in done.stderr.splitlines() if said in line]
-    assert "Traceback" not in done.stderr and len(named) == 1, done.stderr
+    assert code == 3, stderr
+    named = [line for line in stderr.splitlines() if said in line]
+    assert "Traceback" not in stderr and len(named) == 1, stderr
     assert not list((tmp_path / "ckpt").glob("step-*")), "nothing was written"
