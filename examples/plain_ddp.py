@@ -40,6 +40,9 @@ def main() -> None:
         }
         with open(f"{args.out}/rank-{rank}.txt", "w") as out:
             out.write(f"{env} world={world} loss={loss.item():.4f}\n")
+    # the DDP model goes before its process group: gloo's threads would otherwise wait for
+    # the interpreter's lock at exit (pytorch/pytorch#56297)
+    del model, opt
     dist.destroy_process_group()
 
 

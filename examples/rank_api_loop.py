@@ -85,6 +85,9 @@ def main() -> None:
                 model(batch(-1, me)[0])
                 model.train()
     rank.finish()  # ringmaster
+    # the DDP model goes before its process group: gloo's threads would otherwise wait for
+    # the interpreter's lock at exit (pytorch/pytorch#56297)
+    del model, optimizer, scheduler
     dist.destroy_process_group()
 
 

@@ -83,6 +83,7 @@ class Driver:
         self.target: int | None = None
         self.ended = False
         self.stopped = False  # a stop was decided: the loop's end is "stopped"
+        self.noticed = False  # a notice was decided: the loop's end is leaving
         self.log("started", pid=os.getpid(), framework=framework, loop_saves=loop_saves)
 
     # -- state ------------------------------------------------------------------------------
@@ -221,6 +222,7 @@ class Driver:
         if ending == NOTICED:
             if not self.loop_saves:
                 session.leave_for_notice()  # does not return
+            self.noticed = True  # every rank agreed: finish() leaves once it is saved
             return Decision(stop=True, save=True, notice=True)
         if ending == STOPPED:
             self.stopped = True
@@ -260,17 +262,18 @@ class Driver:
         session.saved(step, path, stall_s)
 
     def finish(self, outcome: Outcome | None) -> None:
-        """Training ended (every rank): what :meth:`Session.finish` does, then the process
-        leaves if a notice came, else the link is flushed and the beat says done. The
-        outcome is ``stopped`` after a stop decision unless the loop says otherwise."""
+        """Training ended (every rank): what :meth:`Session.finish` does, the link flushed
+        and the beat saying done. The outcome is ``stopped`` after a stop decision unless
+        the loop says otherwise. After a notice every rank agreed on, the framework has
+        saved for it: the process leaves as SIGTERM does, with no last word (the job goes
+        on elsewhere from that checkpoint)."""
         if self.ended:
             return
         self.ended = True
-        outcome = outcome or ("stopped" if self.stopped else "completed")
         session = self._open()
-        session.finish(outcome, final_checkpoint=not termination.noticed())
-        if termination.noticed():
-            session.leave_for_notice()
+        if self.noticed:
+            session.leave_for_notice()  # does not return
+        session.finish(outcome or ("stopped" if self.stopped else "completed"))
         if self.link is not None:
             self.link.close()
         self.beat.stop()
