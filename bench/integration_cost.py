@@ -2,7 +2,7 @@
 two-line callback and without, as jobs on one local cluster, in one run.
 
     .venv/bin/python bench/integration_cost.py [--steps 800] [--rounds 2] [--warmup 50]
-        [--memory on|off] [--json OUT.json]
+        [--memory on|off] [--model "--layers 6 --width 256"] [--json OUT.json]
 
 ``coordinatorctl up --nodes 2``; then, ``--rounds`` times, the script without its
 integration lines, then with them (``examples/hf_trainer.py``, two ranks, one a node),
@@ -12,7 +12,10 @@ so it holds whatever the integration does there: the step's agreement, the beat,
 out, memory snapshots and their share of background work). Each run's figure is rank 0's
 median step time after ``--warmup`` steps; the cost is the ratio of the runs with the
 callback to those without, per round and over all. ``--memory off`` leaves the memory
-tier out of the job (``checkpoint.memory_tier = false``), to tell its share apart.
+tier out of the job (``checkpoint.memory_tier = false``), to tell its share apart;
+``--model`` passes the script a larger GPT-2 (its ``--layers`` and ``--width``): the
+example's default (2 layers of 64) steps in about 20 ms here, where any fixed cost a step
+shows most.
 """
 
 from __future__ import annotations
@@ -39,9 +42,13 @@ def unmodified(into: Path) -> Path:
     return into
 
 
-def job_file(root: Path, name: str, script: Path, steps: int, memory: bool) -> Path:
-    argv = [str(STOPWATCH), str(script), "--out", str(root / f"out-{name}")]
-    argv += ["--steps", str(steps), "--save-steps", str(10 * steps)]
+def job_file(
+    root: Path, name: str, script: Path, steps: int, memory: bool, model: list[str]
+) -> Path:
+    """A job of ``script`` under the stopwatch; each run gets an output dir of its own
+    (``--set`` at start), so none resumes from the Trainer's checkpoint of an earlier."""
+    argv = [str(STOPWATCH), str(script), "--out", "OUT"]
+    argv += ["--steps", str(steps), "--save-steps", str(10 * steps), *model]
     path = root / f"{name}.toml"
     path.write_text(
         f'[job]\nname = "{name}"\nnodes = 2\nentry = {json.dumps(argv)}\n'
@@ -52,8 +59,10 @@ def job_file(root: Path, name: str, script: Path, steps: int, memory: bool) -> P
     return path
 
 
-def run(ctl: Ctl, path: Path, warmup: int) -> dict[str, float]:
-    job = ctl("start", str(path)).strip()
+def run(ctl: Ctl, path: Path, warmup: int, out: Path) -> dict[str, float]:
+    entry = json.loads(path.read_text().split("entry = ", 1)[1].splitlines()[0])
+    entry[entry.index("OUT")] = str(out)
+    job = ctl("start", str(path), "--set", f"job.entry={json.dumps(entry)}").strip()
     ended = wait_for(
         lambda: s if (s := ctl.status(job))["state"] in ("completed", "failed") else None,
         1800,
@@ -64,6 +73,8 @@ def run(ctl: Ctl, path: Path, warmup: int) -> dict[str, float]:
     logs = [p for p in ctl.logs(job) if p.name == "rank-0.log"]
     steps = [r for r in read_records(logs) if r.event == "watch_step"]
     times = [float(r.fields["step_s"]) for r in steps if int(r.fields["step"]) > warmup]
+    if ended.get("restarts"):
+        raise RuntimeError(f"{job} restarted: its steps are no measure of a step's cost")
     return {"median_s": statistics.median(times), "steps": len(times)}
 
 
@@ -73,6 +84,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--memory", choices=("on", "off"), default="on")
+    parser.add_argument("--model", default="", help='the script\'s size: "--layers N --width W"')
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     memory = args.memory == "on"
@@ -80,14 +92,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ringmaster-integration-cost-") as tmp:
         root = Path(tmp)
         ctl = Ctl(root / "cluster", root)
-        plain = job_file(root, "plain", unmodified(root / "hf_plain.py"), args.steps, memory)
-        hooked = job_file(root, "callback", SCRIPT, args.steps, memory)
+        model = args.model.split()
+        plain = job_file(root, "plain", unmodified(root / "hf_plain.py"), args.steps, memory, model)
+        hooked = job_file(root, "callback", SCRIPT, args.steps, memory, model)
         ctl("up", "--nodes", "2")
         try:
             for i in range(args.rounds):
                 begun = time.time()
-                measured = {"without": run(ctl, plain, args.warmup)}
-                measured["with"] = run(ctl, hooked, args.warmup)
+                measured = {"without": run(ctl, plain, args.warmup, root / f"out-plain-{i}")}
+                measured["with"] = run(ctl, hooked, args.warmup, root / f"out-callback-{i}")
                 rounds.append(measured)
                 ratio = measured["with"]["median_s"] / measured["without"]["median_s"]
                 took = time.time() - begun
@@ -105,7 +118,8 @@ def main() -> int:
     with_ = statistics.median(m["with"]["median_s"] for m in rounds)
     print(f"\nover all rounds: {with_:.5f} / {without:.5f} = {with_ / without:.4f}")
     if args.json:
-        args.json.write_text(json.dumps({"rounds": rounds, "memory": memory}, indent=2))
+        out = {"rounds": rounds, "memory": memory, "model": args.model}
+        args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 

@@ -38,8 +38,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--save-steps", type=int, default=200)
     parser.add_argument("--eval-steps", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--width", type=int, default=64)
     args = parser.parse_args()
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=64)
+    config = GPT2Config(
+        n_layer=args.layers, n_head=2, n_embd=args.width, vocab_size=512, n_positions=64
+    )
     model = GPT2LMHeadModel(config)
     data = RandomTokens(8192, 64, config.vocab_size)
     training = TrainingArguments(

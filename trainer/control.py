@@ -11,7 +11,7 @@ only rank 0 adds the word), so the boundary after a step needs nothing more. The
 boundary, and every boundary while paused, sums it alone (:meth:`StepControl.exchange`).
 A user's loop, whose collectives are its own, takes one small all-reduce per step on the
 rank API's gloo group (:meth:`StepControl.agree`), which also checks that every rank is at
-the same step.
+the same step; it runs in the background during the next step, whose boundary acts on it.
 The same sum carries what every rank must judge alike or rank 0 must see from all:
 rank 0's global gradient norm (:mod:`trainer.numeric`) and each rank's compute seconds in
 its own slot (:mod:`trainer.probe`). Summed, a slot only one rank fills arrives intact.
@@ -128,21 +128,32 @@ class StepControl:
         self._sum(word)
         return _decision(word.tolist())
 
-    def agree(self, step: int) -> Decision:
-        """A user loop's boundary after ``step``, on every rank: one all-reduce of the word
-        and of ``step`` and its square, so every rank also learns, alike, whether all of
-        them reached the same step (:class:`StepDisagreement` on every rank if not)."""
+    def agree(self, step: int) -> Callable[[], Decision]:
+        """A user loop's boundary after ``step``, on every rank: starts one all-reduce of
+        the word and of ``step`` and its square, in the background, and returns what to
+        call for its result (the next boundary calls it, so the collective overlaps the
+        next step instead of waiting on the slower rank here). Every rank also learns,
+        alike, whether all of them reached the same step (:class:`StepDisagreement` on
+        every rank if not)."""
         word = self._word(0.0)
         vector = torch.tensor([*word, 1.0, step, step * step], dtype=torch.float64)
-        self._sum(vector)
-        *total, ranks, steps, squares = vector.tolist()
-        if steps * steps != ranks * squares:  # equal only when every rank's step is the same
-            raise StepDisagreement(
-                f"step {step} on rank {self.rank}, but the ranks' steps average "
-                f"{steps / ranks:g}: every rank must call step() once per step, with the "
-                "same step"
-            )
-        return _decision(total)
+        work = None
+        if dist.is_initialized():
+            work = dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+
+        def result() -> Decision:
+            if work is not None:
+                work.wait()
+            *total, ranks, steps, squares = vector.tolist()
+            if steps * steps != ranks * squares:  # equal only when every rank's is the same
+                raise StepDisagreement(
+                    f"step {step} on rank {self.rank}, but the ranks' steps average "
+                    f"{steps / ranks:g}: every rank must call step() once per step, with "
+                    "the same step"
+                )
+            return _decision(total)
+
+        return result
 
     def reduce_step(
         self,

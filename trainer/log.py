@@ -44,8 +44,16 @@ def _fmt(value: object) -> str:
 
 def read(text: str) -> Iterator[dict[str, str]]:
     """The lines :class:`Log` wrote in a rank's log (whatever else the rank printed there
-    is skipped), each as its fields: ``wall``, ``rank``, ``event`` and the event's own."""
-    return (r for r in lines(text) if r.keys() >= _HEAD)
+    is skipped), each as its fields: ``wall``, ``rank``, ``event`` and the event's own.
+    A line may follow what a progress bar left on the same line (it redraws itself after
+    a carriage return, with no newline): it is read from its own start."""
+    return (r for r in lines("\n".join(map(_own, text.split("\n")))) if r.keys() >= _HEAD)
+
+
+def _own(line: str) -> str:
+    start = line.find(_START)
+    return line[start:] if start > 0 else line
 
 
 _HEAD = frozenset(("trainer", "wall", "rank", "event"))
+_START = "trainer t="  # how every line :class:`Log` writes begins

@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,16 @@ from trainer import memory_tier, stacks, termination
 from trainer.agent_link import AgentLink
 from trainer.beat import Beat
 from trainer.checkpoint import Checkpointer, default_staging_dir
-from trainer.control import StepControl
+from trainer.control import NOTHING, StepControl, StepDisagreement
+from trainer.control import Decision as ControlDecision
 from trainer.coordination import Coordination
 from trainer.launch import Launch, SpecError, exit_record, read_launch
 from trainer.log import Log
 from trainer.thread_cpu import started_by
+
+# the memory tier's sparsest cadence, in steps, where the loop's framework writes the
+# durable checkpoints: the tier's own measured cost spaces the snapshots until then
+LOOP_SAVES_CAP = 1000
 
 
 class RankApiError(RuntimeError):
@@ -84,6 +89,7 @@ class Driver:
         self.ended = False
         self.stopped = False  # a stop was decided: the loop's end is "stopped"
         self.noticed = False  # a notice was decided: the loop's end is leaving
+        self._agreeing: Callable[[], ControlDecision] | None = None  # the boundary's, running
         self.log("started", pid=os.getpid(), framework=framework, loop_saves=loop_saves)
 
     # -- state ------------------------------------------------------------------------------
@@ -157,7 +163,9 @@ class Driver:
                     launch.job_id,
                     node,
                     ckpt.memory_every_steps,
-                    ckpt.every_steps,
+                    # never sparser than the durable checkpoints this session writes; the
+                    # framework's own saves have a cadence of their own, unknown here
+                    LOOP_SAVES_CAP if self.loop_saves else ckpt.every_steps,
                     memory_tier.shares_cores(torch.device("cpu"), launch.local_world_size),
                     first_attempt=launch.attempt == 1,
                 )
@@ -197,8 +205,8 @@ class Driver:
         now = time.perf_counter()
         elapsed, self.last_at, self.last_step = now - self.last_at, now, step
         self.target = target if target is not None else self.target
-        with self.beat.in_collective():  # a stall in here waits for a peer
-            decision = session.control.agree(step)
+        # the previous boundary's agreement, which ran beside this step, decides this one
+        decision = self._agreed()
         session.stepped(step, elapsed)
         said = {} if loss is None else {"loss": loss}
         self.log("step", step=step, step_s=round(elapsed, 6), **said)
@@ -219,6 +227,8 @@ class Driver:
             )
         session.periodic()
         ending = session.boundary(decision)
+        if ending is None:  # the next boundary's, folding the words that came until now
+            self._agreeing = session.control.agree(step)
         if ending == NOTICED:
             if not self.loop_saves:
                 session.leave_for_notice()  # does not return
@@ -230,6 +240,18 @@ class Driver:
         if decision.checkpoint and self.loop_saves:
             return Decision(save=True)
         return CONTINUE
+
+    def _agreed(self) -> ControlDecision:
+        """The result of the agreement the previous boundary started (nothing before the
+        first); a stall in it waits for a peer."""
+        agreeing, self._agreeing = self._agreeing, None
+        if agreeing is None:
+            return NOTHING
+        with self.beat.in_collective():
+            try:
+                return agreeing()
+            except StepDisagreement as exc:
+                raise RankApiError(str(exc)) from None
 
     @contextlib.contextmanager
     def phase(self, name: str, bound_s: float | None) -> Iterator[None]:
@@ -271,6 +293,7 @@ class Driver:
             return
         self.ended = True
         session = self._open()
+        self._agreed()  # no collective is left running: what it decided comes too late
         if self.noticed:
             session.leave_for_notice()  # does not return
         session.finish(outcome or ("stopped" if self.stopped else "completed"))

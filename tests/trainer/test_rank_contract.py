@@ -6,6 +6,7 @@ and stamped on every log line)."""
 from __future__ import annotations
 
 import io
+import sys
 from contextlib import redirect_stderr
 from pathlib import Path
 
@@ -51,3 +52,12 @@ def test_the_attempt_the_agent_sets_is_stamped_on_every_line(tmp_path: Path) -> 
         Log(0, launch.attempt)("start", step=0)
     [line] = read(out.getvalue())
     assert line["attempt"] == "3"
+
+
+def test_a_line_after_a_progress_bar_s_carriage_return_is_read_whole() -> None:
+    out = io.StringIO()
+    with redirect_stderr(out):
+        sys.stderr.write("\r 40%|████      | 100/250 [00:20<00:30,  4.97it/s]")
+        Log(0, 2)("step", step=100, step_s=0.2)
+    [line] = read(out.getvalue())
+    assert (line["event"], line["step"], line["attempt"]) == ("step", "100", "2")
