@@ -4,8 +4,9 @@ two-line callback and without, as jobs on one local cluster, in one run.
     .venv/bin/python bench/integration_cost.py [--steps 800] [--rounds 2] [--warmup 50]
         [--memory on|off] [--model "--layers 6 --width 256"] [--json OUT.json]
 
-``coordinatorctl up --nodes 2``; then, ``--rounds`` times, the script without its
-integration lines, then with them (``examples/hf_trainer.py``, two ranks, one a node),
+``coordinatorctl up --nodes 2`` (no spare interpreters); then, ``--rounds`` times, the
+script without its integration lines, then with them (``examples/hf_trainer.py``, two
+ranks, one a node),
 each for ``--steps`` steps. Every step is timed the same way in both, by
 ``bench/hf_steps.py``'s stopwatch callback (the time between consecutive ``on_step_end``,
 so it holds whatever the integration does there: the step's agreement, the beat, progress
@@ -92,6 +93,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ringmaster-integration-cost-") as tmp:
         root = Path(tmp)
         ctl = Ctl(root / "cluster", root)
+        # no spare interpreters: their imports after each launch would take the cores from
+        # the very steps measured here (a restart's speed is bench/recovery.py's)
+        ctl.env["RINGMASTER_WARM_RANKS"] = "0"
         model = args.model.split()
         plain = job_file(root, "plain", unmodified(root / "hf_plain.py"), args.steps, memory, model)
         hooked = job_file(root, "callback", SCRIPT, args.steps, memory, model)

@@ -140,6 +140,13 @@ def script_main(script: str) -> Main:
         from trainer.launch import exit_record
 
         termination.record_exit_in(exit_record(os.environ))
+        if threads := os.environ.get("OMP_NUM_THREADS", "").strip():
+            # OpenMP read it as the spare imported torch, from the spare's environment;
+            # the worker applies it itself, and so must a script's rank (as cold it would)
+            import torch
+
+            with contextlib.suppress(ValueError):
+                torch.set_num_threads(max(1, int(threads)))
         sys.argv = [script, *argv]
         sys.path.insert(0, str(Path(script).resolve().parent))
         code = 0
