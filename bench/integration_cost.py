@@ -1,37 +1,42 @@
 """What the Hugging Face integration costs a step: the same ``Trainer`` script with its
-two-line callback and without, as jobs on one local cluster, in one run.
+two-line callback and without, on the same two ranks, alternating, in one run.
 
-    .venv/bin/python bench/integration_cost.py [--steps 800] [--rounds 2] [--warmup 50]
+    .venv/bin/python bench/integration_cost.py [--rounds 6] [--steps 300] [--warmup 30]
         [--memory on|off] [--model "--layers 6 --width 256"] [--json OUT.json]
 
-``coordinatorctl up --nodes 2`` (no spare interpreters); then, ``--rounds`` times, the
-script without its integration lines, then with them (``examples/hf_trainer.py``, two
-ranks, one a node),
-each for ``--steps`` steps. Every step is timed the same way in both, by
-``bench/hf_steps.py``'s stopwatch callback (the time between consecutive ``on_step_end``,
-so it holds whatever the integration does there: the step's agreement, the beat, progress
-out, memory snapshots and their share of background work). Each run's figure is rank 0's
-median step time after ``--warmup`` steps; the cost is the ratio of the runs with the
-callback to those without, per round and over all. ``--memory off`` leaves the memory
-tier out of the job (``checkpoint.memory_tier = false``), to tell its share apart;
-``--model`` passes the script a larger GPT-2 (its ``--layers`` and ``--width``): the
-example's default (2 layers of 64) steps in about 20 ms here, where any fixed cost a step
-shows most.
+Each round runs the script without its integration lines, then with them
+(``examples/hf_trainer.py``), each for ``--steps`` steps on two ranks of this machine
+started as a node agent starts them (torchrun's environment; with the callback also the
+job spec, and a fake agent on the control socket that takes rank 0's progress as the real
+one does, ``trainer/fake_agent.py``). No cluster runs beside them: its daemons' own work
+on these two cores would move step times by more than what is measured here, and a rank
+pays only for what it does itself. Every step is timed the same way in both, by
+``bench/hf_steps.py``'s stopwatch callback: the time between consecutive ``on_step_end``,
+so it holds whatever the integration does there (the step's agreement, the beat, progress
+out, memory snapshots, and their background work's share of the cores). Each run's figure
+is rank 0's median step time after ``--warmup`` steps; the cost is the median of the
+rounds' ratios, with callback over without. ``--memory off`` leaves the memory tier out
+(``checkpoint.memory_tier = false``), to tell its share apart; ``--model`` passes the
+script a larger GPT-2 (its ``--layers`` and ``--width``): the example's default (2 layers
+of 64) steps in about 20 ms here, where any fixed cost of a step shows most.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cluster_harness import REPO, Ctl, read_records, wait_for
+from bench.cluster_harness import REPO, read_records
+from trainer.fake_agent import FakeAgent
 
 SCRIPT = REPO / "examples" / "hf_trainer.py"
 STOPWATCH = REPO / "bench" / "hf_steps.py"
@@ -43,86 +48,96 @@ def unmodified(into: Path) -> Path:
     return into
 
 
-def job_file(
-    root: Path, name: str, script: Path, steps: int, memory: bool, model: list[str]
-) -> Path:
-    """A job of ``script`` under the stopwatch; each run gets an output dir of its own
-    (``--set`` at start), so none resumes from the Trainer's checkpoint of an earlier."""
-    argv = [str(STOPWATCH), str(script), "--out", "OUT"]
-    argv += ["--steps", str(steps), "--save-steps", str(10 * steps), *model]
-    path = root / f"{name}.toml"
-    path.write_text(
-        f'[job]\nname = "{name}"\nnodes = 2\nentry = {json.dumps(argv)}\n'
-        '[job.env]\nRINGMASTER_BENCH_WATCH = "watch"\n'
-        f'[checkpoint]\ndir = "{root / ("ckpt-" + name)}"\n'
-        f"memory_tier = {'true' if memory else 'false'}\n"
-    )
-    return path
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def run(ctl: Ctl, path: Path, warmup: int, out: Path) -> dict[str, float]:
-    entry = json.loads(path.read_text().split("entry = ", 1)[1].splitlines()[0])
-    entry[entry.index("OUT")] = str(out)
-    job = ctl("start", str(path), "--set", f"job.entry={json.dumps(entry)}").strip()
-    ended = wait_for(
-        lambda: s if (s := ctl.status(job))["state"] in ("completed", "failed") else None,
-        1800,
-        1.0,
+def run(root: Path, name: str, script: Path, args: argparse.Namespace, job: bool) -> float:
+    """Two ranks of ``script`` to the end; rank 0's median step time after the warm-up."""
+    work = root / name
+    work.mkdir(parents=True)
+    port, procs = free_port(), []
+    agent = FakeAgent(work / "agent.sock") if job else None
+    memory = "true" if args.memory == "on" else "false"
+    spec = work / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {"name": "cost"},
+                "checkpoint": {"dir": str(work / "ckpt"), "memory_tier": memory == "true"},
+            }
+        )
     )
-    if ended is None or ended["state"] != "completed":
-        raise RuntimeError(f"{job} did not complete: {ended}")
-    logs = [p for p in ctl.logs(job) if p.name == "rank-0.log"]
-    steps = [r for r in read_records(logs) if r.event == "watch_step"]
-    times = [float(r.fields["step_s"]) for r in steps if int(r.fields["step"]) > warmup]
-    if ended.get("restarts"):
-        raise RuntimeError(f"{job} restarted: its steps are no measure of a step's cost")
-    return {"median_s": statistics.median(times), "steps": len(times)}
+    argv = [str(STOPWATCH), str(script), "--out", str(work / "out"), "--steps", str(args.steps)]
+    argv += ["--save-steps", str(10 * args.steps), *args.model.split()]
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "PYTHONPATH": str(REPO),
+            "RINGMASTER_BENCH_WATCH": "watch",
+        }
+        if agent is not None:
+            env |= {
+                "RINGMASTER_JOB_SPEC": str(spec),
+                "RINGMASTER_JOB_ID": f"cost-{root.name}-{name}",
+                "RINGMASTER_WORKDIR": str(work),
+                "RINGMASTER_CONTROL_SOCKET": str(agent.path),
+                "RINGMASTER_ATTEMPT": "1",
+            }
+        with (work / f"rank-{rank}.log").open("wb") as log:
+            procs.append(
+                subprocess.Popen([sys.executable, *argv], env=env, cwd=work, stdout=log, stderr=log)
+            )
+    codes = [p.wait(1800) for p in procs]
+    if agent is not None:
+        agent.close()
+    if codes != [0, 0]:
+        raise RuntimeError(f"{name}: ranks exited {codes}; see {work}")
+    steps = [r for r in read_records([work / "rank-0.log"]) if r.event == "watch_step"]
+    times = [float(r.fields["step_s"]) for r in steps if int(r.fields["step"]) > args.warmup]
+    return statistics.median(times)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=800)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--memory", choices=("on", "off"), default="on")
     parser.add_argument("--model", default="", help='the script\'s size: "--layers N --width W"')
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    memory = args.memory == "on"
-    rounds: list[dict[str, dict[str, float]]] = []
+    rows = []
     with tempfile.TemporaryDirectory(prefix="ringmaster-integration-cost-") as tmp:
         root = Path(tmp)
-        ctl = Ctl(root / "cluster", root)
-        # no spare interpreters: their imports after each launch would take the cores from
-        # the very steps measured here (a restart's speed is bench/recovery.py's)
-        ctl.env["RINGMASTER_WARM_RANKS"] = "0"
-        model = args.model.split()
-        plain = job_file(root, "plain", unmodified(root / "hf_plain.py"), args.steps, memory, model)
-        hooked = job_file(root, "callback", SCRIPT, args.steps, memory, model)
-        ctl("up", "--nodes", "2")
-        try:
-            for i in range(args.rounds):
-                begun = time.time()
-                measured = {"without": run(ctl, plain, args.warmup, root / f"out-plain-{i}")}
-                measured["with"] = run(ctl, hooked, args.warmup, root / f"out-callback-{i}")
-                rounds.append(measured)
-                ratio = measured["with"]["median_s"] / measured["without"]["median_s"]
-                took = time.time() - begun
-                print(
-                    f"round {i + 1}: {measured} ratio {ratio:.4f} ({took:.0f} s)", file=sys.stderr
-                )
-        finally:
-            ctl("down", check=False)
+        plain = unmodified(root / "hf_plain.py")
+        for i in range(args.rounds):
+            without = run(root, f"plain-{i}", plain, args, job=False)
+            with_ = run(root, f"callback-{i}", SCRIPT, args, job=True)
+            rows.append((without, with_))
+            print(
+                f"round {i + 1}: {without:.5f} {with_:.5f} {with_ / without:.4f}", file=sys.stderr
+            )
     print("| round | without (median s/step) | with | with / without |")
     print("|---|---|---|---|")
-    for i, m in enumerate(rounds, 1):
-        a, b = m["without"]["median_s"], m["with"]["median_s"]
+    for i, (a, b) in enumerate(rows, 1):
         print(f"| {i} | {a:.5f} | {b:.5f} | {b / a:.4f} |")
-    without = statistics.median(m["without"]["median_s"] for m in rounds)
-    with_ = statistics.median(m["with"]["median_s"] for m in rounds)
-    print(f"\nover all rounds: {with_:.5f} / {without:.5f} = {with_ / without:.4f}")
+    ratios = [b / a for a, b in rows]
+    print(
+        f"\nmedian of the rounds' ratios {statistics.median(ratios):.4f} "
+        f"(range {min(ratios):.4f}–{max(ratios):.4f}); medians of the runs "
+        f"{statistics.median(b for _, b in rows):.5f} / {statistics.median(a for a, _ in rows):.5f}"
+    )
     if args.json:
-        out = {"rounds": rounds, "memory": memory, "model": args.model}
+        out = {"rounds": rows, "memory": args.memory, "model": args.model}
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 
