@@ -165,7 +165,12 @@ def charge_detection(job: JobRecord, now: float) -> None:
 def observe_step_time(job: JobRecord, seconds: float, first: bool) -> None:
     """One step's wall time into the job's running estimate (an exponential average); an
     attempt's first step (start-up work, compilation) is left out, as is a zero (no
-    consecutive step to measure from)."""
+    consecutive step to measure from). A step counts at most twice the estimate: the last
+    step before a fault is often the one the ranks stalled in (a peer stopped, until the
+    hang was found), and at full weight it would price every redone step at the stall's
+    share; a lasting slowdown still moves the estimate, by up to a tenth a step."""
     if first or not seconds > 0:
         return
+    if job.step_s is not None:
+        seconds = min(seconds, 2.0 * job.step_s)
     job.step_s = seconds if job.step_s is None else 0.9 * job.step_s + 0.1 * seconds

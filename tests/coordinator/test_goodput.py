@@ -106,6 +106,23 @@ def test_lost_work_is_charged_at_the_ranks_own_step_time() -> None:
     assert j.goodput["productive"] == pytest.approx(90.0)
 
 
+def test_a_stalled_step_does_not_price_lost_work_but_a_slowdown_does() -> None:
+    """A peer stopped mid-step: rank 0's last step took the hang's 3.1 s before the
+    restart; the steps redone after it cost about what a step takes, not the stall's share.
+    A lasting slowdown (steps four times as long) moves the estimate all the same."""
+    j = JobRecord(id="j", name="j", spec=JobSpec(job=JobSection(name="j")), world_size=2)
+    j.goodput = {"productive": 100.0, "lost_work": 0.0}
+    for seconds in (0.02, 0.02, 3.1):
+        observe_step_time(j, seconds, first=False)
+    assert j.step_s == pytest.approx(0.022)
+    j.failed_at_step = 140
+    charge_lost_work(j, 100)  # 40 steps redone, 0.022 s each, 2 GPUs
+    assert j.goodput["lost_work"] == pytest.approx(1.76)
+    for _ in range(40):
+        observe_step_time(j, 0.08, first=False)
+    assert j.step_s == pytest.approx(0.08, rel=0.02)
+
+
 def test_a_late_first_step_report_is_training_from_the_ranks_stamp() -> None:
     """Launched at 100 s; the first step finished at 110 s, its report arrived at 112.5 s."""
     j = job(JobState.STARTING, attempt_started_at=100.0)

@@ -1,12 +1,15 @@
-"""A user's own Hugging Face ``Trainer`` script (examples/hf_trainer.py) as a job on a local
-cluster, with its two integration lines and without them.
+"""A user's own training script — a Hugging Face ``Trainer`` (examples/hf_trainer.py), a
+Lightning ``Trainer`` (examples/lightning_module.py), an accelerate loop
+(examples/accelerate_loop.py) — as a job on a local cluster, with its integration lines and
+without them.
 
-With them, one job goes through every reaction the built-in trainer gets: an NVMe spike
-pauses it within a step and its recovery resumes it; ``checkpoint`` writes the Trainer's own
-checkpoint at a step every rank agrees on; a killed rank is back from the memory tier a few
-steps back; a stopped rank is found as hung with the culprit named; a spot notice
-checkpoints before its deadline and the next attempt loses no step; ``stop`` stops after a
-checkpoint; and the ledger agrees with the ranks' own step stamps.
+With them, one job of each goes through every reaction the built-in trainer gets: an NVMe
+spike pauses it within a step and its recovery resumes it; ``checkpoint`` writes the
+framework's own checkpoint at a step every rank agrees on; a killed rank and a lost node
+are back from the memory tier a few steps back; a stopped rank is found as hung with the
+culprit named; a spot notice checkpoints before its deadline and the next attempt loses no
+step; ``stop`` stops after a checkpoint; and the ledger agrees with the ranks' own step
+stamps.
 
 Without them, the job says it has no reactions; ``pause`` and ``checkpoint`` are refused
 with the reason; a spike is said to go unheeded while the job trains on; and ``status``
@@ -16,9 +19,12 @@ says the step and the ledger's split are unknown.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 from cli_harness import EXAMPLES, Ctl, eventually, first_event, restarted
 from ledger_truth import attempts, truth
 
@@ -35,20 +41,60 @@ def events(ctl: Ctl, job: str, kind: str) -> list[dict[str, object]]:
     return [e for e in ctl.events("--job", job) if e["kind"] == kind]
 
 
+def hf_saved(out: Path, step: int) -> bool:
+    return (out / f"checkpoint-{step}" / "trainer_state.json").exists()
+
+
+def lightning_saved(out: Path, step: int) -> bool:
+    last = out / "checkpoints" / "last.ckpt"
+    return last.exists() and torch.load(last, weights_only=False)["global_step"] == step
+
+
+def accelerate_saved(out: Path, step: int) -> bool:
+    return (out / f"checkpoint-{step}" / "model.safetensors").exists()
+
+
+@dataclass(frozen=True)
+class Script:
+    framework: str
+    file: str
+    path: Callable[[Path, int], Path]  # where the event says the checkpoint of a step is
+    saved: Callable[[Path, int], bool]  # whether that checkpoint holds the step
+
+
+SCRIPTS = [
+    Script("hf", "hf_trainer.py", lambda out, s: out / f"checkpoint-{s}", hf_saved),
+    Script(
+        "lightning",
+        "lightning_module.py",
+        lambda out, s: out / "checkpoints" / "last.ckpt",
+        lightning_saved,
+    ),
+    Script(
+        "accelerate",
+        "accelerate_loop.py",
+        lambda out, s: out / f"checkpoint-{s}",
+        accelerate_saved,
+    ),
+]
+
+
 @pytest.mark.timeout(900)
-def test_a_hugging_face_trainer_gets_every_reaction(ctl: Ctl, tmp_path: Path) -> None:
-    out = tmp_path / "hf-out"
-    ctl("up", "--nodes", "3")
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.framework for s in SCRIPTS])
+def test_a_framework_loop_gets_every_reaction(ctl: Ctl, tmp_path: Path, script: Script) -> None:
+    out = tmp_path / "out"
+    ctl("up", "--nodes", "4")
     job = ctl.start(
         "hf_trainer.toml",
-        entry("hf_trainer.py", out),
+        f"job.name={script.framework}-loop",
+        entry(script.file, out),
         "job.min_nodes=1",
         f"checkpoint.dir={tmp_path / 'ckpt'}",
     )
     status = ctl.wait(
         job, lambda s: s["state"] == "running" and (s["step"] or 0) >= 10, timeout=300
     )
-    assert status["framework"] == "hf" and status["lacks"] == [], status
+    assert status["framework"] == script.framework and status["lacks"] == [], status
     [said] = events(ctl, job, "job.loop")
     assert said["reactions"] == ["pause", "checkpoint", "memory tier", "hang by beat"]
 
@@ -62,27 +108,34 @@ def test_a_hugging_face_trainer_gets_every_reaction(ctl: Ctl, tmp_path: Path) ->
     assert resumed["pause_reasons"] == []
     assert spike["step"] == paused["step"]
 
-    # the operator's checkpoint is the Trainer's own, at a step every rank agreed on
+    # the operator's checkpoint is the framework's own, at a step every rank agreed on
     ctl("checkpoint", job)
     saved = eventually(
         lambda: events(ctl, job, "job.checkpointed") or None, 60, lambda: "no checkpoint", 0.5
     )[0]
-    assert saved["path"] == str(out / f"checkpoint-{saved['step']}")
-    assert (out / f"checkpoint-{saved['step']}" / "trainer_state.json").exists()
+    step = int(str(saved["step"]))
+    assert saved["path"] == str(script.path(out, step)), saved
+    assert script.saved(out, step), f"no checkpoint of step {step} in {out}"
 
-    # a killed rank is back from the memory tier, a few steps back
-    reached = ctl.wait(
-        job, lambda s: s["state"] == "running" and (s["memory_step"] or 0) > saved["step"]
-    )
-    victim = reached["nodes"][1]
-    ctl("inject", victim, "kill-worker")
-    first = restarted(ctl, job, 1)
-    ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 1)
-    loop = events(ctl, job, "job.loop")[-1]
-    assert loop["resumed_from"] == "memory", loop
-    assert 0 <= first["from_step"] - loop["step"] <= 1 and loop["step"] > saved["step"]
+    # a killed rank, then a lost node, are back from the memory tier a few steps back
+    for restarts, fault in enumerate(("kill-worker", "lose-node"), 1):
+        before = ctl.wait(
+            job, lambda s, at=step: s["state"] == "running" and (s["memory_step"] or 0) > at
+        )
+        victim = before["nodes"][1]
+        ctl("inject", victim, fault)
+        back = restarted(ctl, job, restarts)
+        ctl.wait(job, lambda s, n=restarts: s["state"] == "running" and s["restarts"] == n)
+        loop = events(ctl, job, "job.loop")[-1]
+        assert loop["resumed_from"] == "memory", (fault, loop)
+        assert 0 <= back["from_step"] - loop["step"] <= 1, (fault, back, loop)
+        assert loop["step"] > step, (fault, loop)
+        step = int(str(loop["step"]))
+    assert victim not in back["nodes"]
 
     # a stopped rank is found as hung, its culprit named
+    status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 2)
+    victim = status["nodes"][1]
     ctl("inject", victim, "hang")
     hung = eventually(
         lambda: [e for e in events(ctl, job, "worker.hung") if not e["culprit_unknown"]] or None,
@@ -91,29 +144,29 @@ def test_a_hugging_face_trainer_gets_every_reaction(ctl: Ctl, tmp_path: Path) ->
         0.5,
     )[0]
     assert hung["node"] == victim and hung["rank"] == 1 and hung["stacks"]
-    restarted(ctl, job, 2)
-    status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 2)
+    restarted(ctl, job, 3)
+    status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 3)
 
-    # a spot notice: the Trainer checkpoints at the next step, and nothing is lost
+    # a spot notice: the framework checkpoints at the next step, and nothing is lost
     noticed = status["nodes"][0]
     ctl("inject", noticed, "spot-notice=20")
-    third = restarted(ctl, job, 3)
-    assert noticed not in third["nodes"]
-    recovering = events(ctl, job, "job.recovering")[2]
+    fourth = restarted(ctl, job, 4)
+    assert noticed not in fourth["nodes"]
+    recovering = events(ctl, job, "job.recovering")[3]
     assert "preemption" in str(recovering["reason"]) and "no checkpoint" not in str(
         recovering["reason"]
     )
     stopped_at = [
         e["step"] for e in events(ctl, job, "job.checkpointed") if e["time"] > recovering["time"]
     ]
-    ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 3)
+    ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 4)
     loop = events(ctl, job, "job.loop")[-1]
     assert stopped_at and loop["resumed_from"] == "loop" and loop["step"] == stopped_at[-1]
 
     ctl("stop", job)
     final = ctl.wait(job, lambda s: s["state"] == "stopped")
-    assert final["restarts"] == 3
-    assert (out / f"checkpoint-{final['step']}").is_dir()
+    assert final["restarts"] == 4
+    assert script.saved(out, final["step"]), f"no checkpoint of step {final['step']}"
 
     # the ledger against the ranks' own account (as tests/e2e/test_faults.py checks it)
     wall = final["finished_at"] - final["started_at"]
