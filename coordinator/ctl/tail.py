@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -62,9 +63,13 @@ def line(event: EventBase) -> str:
     return f"{when} {sev} {escape(kind_of(event)):24} {escape(where):20} {escape(event.message)}"
 
 
-async def tail(
-    s: Session, filters: Filters, since: float | None, follow: bool, as_json: bool
-) -> int:
+async def events(
+    s: Session, filters: Filters, since: float | None, follow: bool
+) -> AsyncIterator[EventBase]:
+    """The cluster's events that ``filters`` match, oldest first: from ``since`` seconds
+    ago (None: all the stream holds, or only new ones when following); without
+    ``follow``, until the stream has no more. A malformed event is named on stderr and
+    skipped."""
     stream = subjects.events_stream(s.cluster)
     # A job's events include what its nodes reported, filed under each node: a job filter
     # is the event's own field (Filters.match), not the subject.
@@ -81,26 +86,32 @@ async def tail(
     except NotFoundError:
         raise CtlError(f"no event stream for cluster {s.cluster!r} at {s.url}") from None
     sub = await s.js.subscribe(subject, stream=stream, ordered_consumer=True, config=config)
-    console = Console(highlight=False, soft_wrap=True)
     if not follow and info.state.messages == 0:
-        return 0
-    printed = 0
+        return
     while True:
         try:
             msg = await sub.next_msg(timeout=None if follow else 2.0)
         except TimeoutError:
-            return 0
+            return
         try:
             event = decode_event(msg.data)
         except msgspec.DecodeError as exc:
             print(f"tail: skipped a malformed event on {msg.subject}: {exc}", file=sys.stderr)
             event = None
         if event is not None and filters.match(event):
-            printed += 1
-            if as_json:
-                sys.stdout.write(json.dumps(msgspec.to_builtins(event)) + "\n")
-                sys.stdout.flush()
-            else:
-                console.print(line(event))
+            yield event
         if not follow and msg.metadata.num_pending == 0:
-            return 0
+            return
+
+
+async def tail(
+    s: Session, filters: Filters, since: float | None, follow: bool, as_json: bool
+) -> int:
+    console = Console(highlight=False, soft_wrap=True)
+    async for event in events(s, filters, since, follow):
+        if as_json:
+            sys.stdout.write(json.dumps(msgspec.to_builtins(event)) + "\n")
+            sys.stdout.flush()
+        else:
+            console.print(line(event))
+    return 0

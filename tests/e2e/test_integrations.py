@@ -220,3 +220,56 @@ def test_an_unmodified_script_is_refused_what_it_cannot_do_and_its_ledger_says_s
     done = ctl.run("stop", job)
     assert done.returncode == 0 and "no checkpoint at a step first" in done.stderr
     ctl.wait(job, lambda s: s["state"] == "stopped")
+
+
+STRAY = """
+import os, runpy, sys
+from ringmaster import rank
+
+boundary = rank.step
+
+
+def step(step, **kw):
+    # the first attempt's rank 1 stops calling the boundary at step 30 and spins in its
+    # own code, as a loop with a bug would: no collective, no stopped process
+    if step >= 30 and os.environ["RANK"] == "1" and os.environ["RINGMASTER_ATTEMPT"] == "1":
+        while True:
+            sum(range(10_000))
+    return boundary(step, **kw)
+
+
+rank.step = step
+runpy.run_path(sys.argv.pop(1), run_name="__main__")
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_rank_that_stops_calling_the_boundary_is_found_hung_not_a_deadlock(
+    ctl: Ctl, tmp_path: Path
+) -> None:
+    (tmp_path / "stray.py").write_text(STRAY)
+    argv = ["stray.py", str(EXAMPLES / "rank_api_loop.py"), "--steps", "100000"]
+    job_file = tmp_path / "stray.toml"
+    job_file.write_text(
+        f'[job]\nname = "stray"\nnodes = 2\nentry = {json.dumps(argv)}\n'
+        f'[checkpoint]\ndir = "{tmp_path / "ckpt"}"\n[policy]\nhang_floor_s = 3.0\n'
+    )
+    ctl("up", "--nodes", "2")
+    started = ctl.run("start", str(job_file))
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.strip()
+    hung = eventually(
+        lambda: [e for e in events(ctl, job, "worker.hung") if not e["culprit_unknown"]] or None,
+        120,
+        lambda: "no worker.hung naming a culprit",
+        0.5,
+    )[0]
+    # the spinning rank is named from its stacks, running; its peer waits in the API's
+    # all-reduce, which its beat says
+    assert hung["rank"] == 1 and "outside any collective" in str(hung["evidence"]), hung
+    assert "stray.py" in str(hung["stacks"]), hung["stacks"]
+    restarted(ctl, job, 1)
+    status = ctl.wait(job, lambda s: s["state"] == "running" and s["step"] > 31)
+    assert status["restarts"] == 1
+    ctl("stop", job)
+    ctl.wait(job, lambda s: s["state"] == "stopped")

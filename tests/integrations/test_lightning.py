@@ -2,15 +2,14 @@
 examples/lightning_module.py, a Lightning script as its documentation writes it plus two
 lines, on two real ranks with a fake agent: it says what it supports, pauses at one step,
 writes Lightning's own ``last.ckpt`` at the step every rank agrees on and reports it, stops
-after that checkpoint, and restores from the memory tier after its ranks are killed. The
-same script without its two lines runs as before and opens nothing."""
+after that checkpoint, and the same script without its two lines runs as before and opens
+nothing. Restores from the memory tier are tested on a cluster
+(tests/e2e/test_integrations.py)."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from proto.progress import (
     StepDone,
 )
 from tests.trainer.conftest import REPO, free_port
+from tests.trainer.zygote import run
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -99,35 +99,7 @@ def test_pause_checkpoint_and_stop_at_one_step_through_lightning_s_own_save(
     agent.close()
 
 
-def test_killed_ranks_come_back_from_memory_newer_than_lightning_s_checkpoint(
-    tmp_path: Path, launch: Any, make_spec: Any
-) -> None:
-    agent = FakeAgent(tmp_path / "agent.sock")
-    out = tmp_path / "out"
-    spec = make_spec(checkpoint={"memory_every_steps": 3})
-    script = argv(out, 100_000, "--save-steps", "20")
-    first = launch(spec, socket_path=agent.path, argv=script)
-    own = agent.wait_for(Checkpointed, lambda m: m.step >= 20, timeout=120)
-    assert own.path == str(out / "checkpoints" / "last.ckpt"), "Lightning's own save, reported"
-    agent.wait_for(StepDone, lambda m: (m.memory_step or 0) >= 24)
-    first.signal(signal.SIGKILL)
-    first.wait()
-    reached = max(m.step for m in agent.of(StepDone))
-    durable = max(m.step for m in agent.of(Checkpointed) if m.step <= reached)
-    again = launch(spec, socket_path=agent.path, argv=script, env={"RINGMASTER_ATTEMPT": "2"})
-    ready = agent.wait_for(LoopReady, lambda m: m.resumed_from == "memory", timeout=120)
-    assert durable < ready.step <= reached and reached - ready.step <= 4
-    # Lightning's global step is the snapshot's: the steps go on from it, and its own
-    # next save falls on its own cadence, holding that step
-    after = agent.wait_for(StepDone, lambda m: m.step > ready.step)
-    assert after.step == ready.step + 1
-    own = agent.wait_for(Checkpointed, lambda m: m.step > ready.step)
-    assert own.step == 40 and saved_step(Path(own.path)) >= 40
-    again.signal(signal.SIGKILL)
-    agent.close()
-
-
-def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path) -> None:
+def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path, zygote: Any) -> None:
     plain = unmodified(SCRIPT, tmp_path / "plain.py")
     text = plain.read_text()
     assert "from ringmaster" not in text and "RingmasterCallback" not in text
@@ -142,16 +114,10 @@ def test_the_script_without_its_two_lines_runs_as_it_did(tmp_path: Path) -> None
     }
     for script in (plain, SCRIPT):  # with its lines too: outside a job they do nothing
         out = tmp_path / f"out-{script.stem}"
-        done = subprocess.run(
-            [sys.executable, str(script), "--out", str(out), "--steps", "4", "--save-steps", "2"],
-            cwd=tmp_path,
-            env={**env, "PYTHONPATH": str(REPO)},
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert "event=" not in done.stderr
+        argv = [str(script), "--out", str(out), "--steps", "4", "--save-steps", "2"]
+        code, stderr = run(zygote, argv, {**env, "PYTHONPATH": str(REPO)}, tmp_path, 180)
+        assert code == 0, stderr[-2000:]
+        assert "event=" not in stderr
         names = sorted(p.name for p in (out / "checkpoints").iterdir())
         assert names == ["epoch=0-step=4.ckpt", "last.ckpt"]
         assert saved_step(out / "checkpoints" / "last.ckpt") == 4
