@@ -4,13 +4,12 @@ stacks.
 
 Stacks are asked of the rank's stacks thread first (:mod:`trainer.stacks`: a byte on the
 FIFO beside its beat; it writes them to stderr, that is to the rank's log, holding the
-GIL), and of its ``faulthandler`` (SIGUSR1, registered by the trainer) only when that
-thread does not answer, as in a rank wedged in C code holding the GIL. The probe notes the
-log's size, asks, and takes what was appended. SIGUSR1 is sent only to a process that
-catches it, since its default action would kill the rank. A stopped process runs no
-thread: it is continued for the dump and stopped again as soon as the dump is written
-(tens of milliseconds), so that the fault stays what it was.
-"""
+GIL), and of its ``faulthandler`` (on ``STACKS_SIGNAL``, SIGUSR2, registered by the rank)
+only when that thread does not answer, as in a rank wedged in C code holding the GIL. The
+probe notes the log's size, asks, and takes what was appended. The signal is sent only to
+a process that catches it, since its default action would kill the rank. A stopped process
+runs no thread: it is continued for the dump and stopped again as soon as the dump is
+written (tens of milliseconds), so that the fault stays what it was."""
 
 from __future__ import annotations
 
@@ -22,8 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ringmaster.rundir import STACKS_SIGNAL
+
 STACKS_WAIT_S = 1.0
-THREAD_WAIT_S = 0.5  # the stacks thread's answer, before falling back to SIGUSR1
+THREAD_WAIT_S = 0.5  # the stacks thread's answer, before falling back to the signal
 _SETTLE_S = 0.01  # the dump is complete once the log stops growing this long
 _POLL_S = 0.002
 _READ_MAX = 256 * 1024
@@ -62,10 +63,10 @@ def catches(pid: int, signum: int) -> bool:
 
 async def capture_stacks(pid: int, log_path: Path, fifo: Path, *, stopped: bool) -> str:
     """The dump ``pid`` appends to ``log_path`` when asked through ``fifo``, else on
-    SIGUSR1 ("" if none)."""
+    ``STACKS_SIGNAL`` ("" if none)."""
     start = _size(log_path)
     asked = _request(fifo)  # a stopped rank's open FIFO takes the byte all the same
-    faulthandler = catches(pid, signal.SIGUSR1)
+    faulthandler = catches(pid, STACKS_SIGNAL)
     if not (asked or faulthandler):
         return ""  # nothing to ask: a stopped rank is left exactly as it is
     try:
@@ -74,7 +75,7 @@ async def capture_stacks(pid: int, log_path: Path, fifo: Path, *, stopped: bool)
         if not (asked and await _appended(log_path, start, THREAD_WAIT_S)):
             if not faulthandler:
                 return ""
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, STACKS_SIGNAL)
             await _appended(log_path, start, STACKS_WAIT_S)
     except ProcessLookupError:
         return ""

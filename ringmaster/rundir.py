@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -255,6 +256,12 @@ def beat_beside(spec: Path, rank: int) -> Path:
 def stacks_beside(spec: Path, rank: int) -> Path:
     """Rank ``rank``'s stacks request (a FIFO the rank reads) beside the job spec ``spec``."""
     return spec.parent / f"rank-{rank}.stacks"
+
+
+# The agent's fallback ask for a rank's stacks when the FIFO's thread does not answer: the
+# rank's ``faulthandler`` on this signal. Not SIGUSR1, which is Slurm's warning before a
+# job's end (``--signal=USR1@90``), a preemption notice to the rank (trainer.termination).
+STACKS_SIGNAL = signal.SIGUSR2
 
 
 def stopping_beside(spec: Path) -> Path:

@@ -9,12 +9,13 @@ in-flight persist is harmless because ``latest`` moves only after its manifest),
 nothing is saved: the handler runs the registered cleanups (dropping staged copies, which
 would otherwise hold RAM in ``/dev/shm``) and exits.
 
-**A notice.** Any other SIGTERM, once a loop agrees on notices at its step boundaries
-(:func:`honour_notices`; before that it exits at once), sets the notice (:func:`noticed`);
-the step boundary's decision carries every rank's flag, so all ranks checkpoint at the same
-step, and the rank then leaves (:func:`leave`) with the same status. A handler that was
-installed before (a framework's) is called too, never replaced. If the rank reaches no
-boundary within
+**A notice.** Any other SIGTERM — and, inside a Slurm allocation (``SLURM_JOB_ID`` set),
+SIGUSR1, Slurm's warning before the job's end (``sbatch --signal=USR1@90``) — once a loop
+agrees on notices at its step boundaries (:func:`honour_notices`; before that a SIGTERM
+exits at once, and Slurm's warning waits for the first boundary), sets the notice (:func:`noticed`); the step boundary's decision carries every
+rank's flag, so all ranks checkpoint at the same step, and the rank then leaves
+(:func:`leave`) with the same status. A handler that was installed before (a framework's)
+is called too, never replaced. If the rank reaches no boundary within
 :data:`NOTICE_GRACE_S` (``RINGMASTER_NOTICE_GRACE_S``) — a long evaluation, a collective
 whose peer is gone — it leaves without the checkpoint before the sender's SIGKILL.
 
@@ -55,7 +56,10 @@ _notice: list[float] = []  # when the notice came (monotonic), once
 _chained: dict[int, Callable[[int, FrameType | None], Any]] = {}
 _grace: list[float] = [NOTICE_GRACE_S]
 _boundaries: list[bool] = []  # a loop agrees on notices at its step boundaries
-_handling: list[bool] = []  # inside the handler (a chained handler may call back)
+_handling: list[bool] = []
+_signals: list[signal.Signals] = [
+    signal.SIGTERM
+]  # the signals taken over  # inside the handler (a chained handler may call back)
 
 
 def record_exit_in(path: Path | None) -> None:
@@ -114,14 +118,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
-    if _agent_stopping() or not _boundaries:
+    name = signal.Signals(signum).name
+    if signum == signal.SIGTERM and (_agent_stopping() or not _boundaries):
         who = "from the agent" if _boundaries else "before any step boundary"
         print(f"trainer: SIGTERM {who}, exiting", file=sys.stderr, flush=True)
         leave()
     if not _notice:
         _notice.append(time.monotonic())
         print(
-            f"trainer: SIGTERM: a checkpoint at the next step boundary, then exit "
+            f"trainer: {name}: a checkpoint at the next step boundary, then exit "
             f"(within {_grace[0]:g} s)",
             file=sys.stderr,
             flush=True,
@@ -136,10 +141,12 @@ def _watchdog(wakeup: socket.socket) -> None:
         data = wakeup.recv(64)
         if not data:
             return
-        if signal.SIGTERM in data:
+        if any(int(sig) in data for sig in _signals):
             break
     time.sleep(GRACE_S)
-    if _boundaries and not _agent_stopping():
+    while not _boundaries and not _agent_stopping():
+        time.sleep(0.1)  # Slurm's warning before the loop began: its grace starts with it
+    if not _agent_stopping():
         # a notice: the boundary's checkpoint leaves by itself; this is the backstop
         time.sleep(max(0.0, _grace[0] - GRACE_S))
         print("trainer: no step boundary within the notice's grace, exiting", file=sys.stderr)
@@ -156,12 +163,14 @@ def install(env: Mapping[str, str] | None = None) -> None:
     _stopping[:] = [stopping_beside(Path(spec))] if spec else []
     with contextlib.suppress(ValueError):
         _grace[0] = float(env.get(NOTICE_GRACE_ENV, NOTICE_GRACE_S))
-    current = signal.getsignal(signal.SIGTERM)
-    if current is _on_sigterm:
-        return
-    if callable(current):
-        _chained[signal.SIGTERM] = current
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _signals[:] = [signal.SIGTERM, *([signal.SIGUSR1] if SLURM_JOB in env else [])]
+    for signum in _signals:
+        current = signal.getsignal(signum)
+        if current is _on_sigterm:
+            continue
+        if callable(current):
+            _chained[signum] = current
+        signal.signal(signum, _on_sigterm)
     if _wakeup:
         return
     reader, writer = socket.socketpair()
@@ -172,3 +181,4 @@ def install(env: Mapping[str, str] | None = None) -> None:
 
 
 NOTICE_GRACE_ENV = "RINGMASTER_NOTICE_GRACE_S"
+SLURM_JOB = "SLURM_JOB_ID"  # set inside a Slurm allocation: SIGUSR1 is a notice too

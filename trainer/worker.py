@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import os
-import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -40,6 +39,7 @@ import torch.distributed as dist
 
 from ringmaster import rank_env
 from ringmaster.rank.session import ResumeError, Session
+from ringmaster.rundir import STACKS_SIGNAL
 from trainer import memory_tier, preflight_bw, stacks, termination
 from trainer.agent_link import AgentLink
 from trainer.batch_size import choose_micro_batch, forward_backward
@@ -291,9 +291,9 @@ def _main(argv: Sequence[str] | None) -> int:
     termination.install()
     torch.set_num_threads(torch_threads(env, launch.local_world_size))
     # Stacks on demand, read by the node agent's hang watch from stderr (the rank's log):
-    # a thread that answers holding the GIL, and faulthandler on SIGUSR1 (C-level, for a
-    # main thread wedged holding the GIL) as the fallback.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # a thread that answers holding the GIL, and faulthandler on STACKS_SIGNAL (C-level,
+    # for a main thread wedged holding the GIL) as the fallback.
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     stacks.serve_from_env(env, launch.rank)
     beat = Beat.from_env(env, launch.rank).start()
     log = Log(launch.rank, launch.attempt)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +22,7 @@ from proto.progress import PhaseChanged, StepDone
 from ringmaster import rank_env
 from ringmaster.rank.session import NOTICED, STOPPED, Outcome, Session
 from ringmaster.rank.state import Objects, Registered, Stateful
+from ringmaster.rundir import STACKS_SIGNAL
 from trainer import memory_tier, stacks, termination
 from trainer.agent_link import AgentLink
 from trainer.beat import Beat
@@ -72,7 +72,7 @@ class Driver:
         termination.record_exit_in(exit_record(env))
         termination.install(env)
         # stacks on demand for the hang watch (a thread; faulthandler as the fallback)
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
+        faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=True)
         stacks.serve_from_env(env, launch.rank)
         self.beat = Beat.from_env(env, launch.rank).start()
         self.link: AgentLink | None = None

@@ -172,7 +172,7 @@ def test_stacks_decide_between_victim_and_culprit() -> None:
         Kind.VICTIM,
         "waits in the step's collective (its beat says)",
     )
-    # no dump (the rank catches no SIGUSR1): it cannot be singled out
+    # no dump (the rank catches no stacks signal): it cannot be singled out
     assert judge(stalled, RUNNING, now, DEFAULTS, "").kind == Kind.VICTIM
 
 

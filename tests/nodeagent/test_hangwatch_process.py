@@ -1,5 +1,5 @@
 """The hang watch against real ranks: the real supervisor launches a small script as a
-job's ``entry`` (it beats with ``trainer.beat`` and dumps its stacks on SIGUSR1 like the
+job's ``entry`` (it beats with ``trainer.beat`` and dumps its stacks on ``STACKS_SIGNAL`` like the
 trainer), the test stops or wedges it with real signals, and the watch must emit one
 ``worker.hung`` naming it, with its stacks, and nothing for a rank that is merely slow."""
 
@@ -36,12 +36,13 @@ FLOOR_S = 1.0  # the jobs' hang_floor_s: steps take 0.05 s, so the floor is the 
 RANK = textwrap.dedent(
     """
     import faulthandler, importlib.util, os, signal, time
+    from ringmaster.rundir import STACKS_SIGNAL
     from trainer import stacks
     from trainer.beat import Beat
 
     rank = int(os.environ["RANK"])
     if not os.environ.get("NO_STACKS"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
         if not os.environ.get("NO_STACKS_THREAD"):
             stacks.serve_from_env(os.environ, rank)
     mode = os.environ.get(f"MODE_{rank}", "train")
@@ -229,7 +230,7 @@ async def test_a_slow_first_step_and_a_long_checkpoint_are_not_hangs(harness: Ha
 
 
 async def test_stacks_are_not_asked_of_a_rank_that_cannot_give_them(harness: Harness) -> None:
-    """SIGUSR1 would kill a process that does not catch it: a stopped rank without
+    """The stacks signal would kill a process that does not catch it: a stopped rank without
     faulthandler is reported without stacks, and lives on (stopped)."""
     (pid,) = await harness.launch(NO_STACKS="1")
     await harness.steps(0, 3)
@@ -244,7 +245,7 @@ async def test_a_rank_without_a_stacks_thread_gives_them_through_faulthandler(
     harness: Harness,
 ) -> None:
     """A rank whose stacks thread does not answer (wedged holding the GIL, or a rank
-    that never started one) is asked through SIGUSR1 instead."""
+    that never started one) is asked through the stacks signal instead."""
     (pid,) = await harness.launch(NO_STACKS_THREAD="1")
     await harness.steps(0, 3)
     os.kill(pid, signal.SIGSTOP)

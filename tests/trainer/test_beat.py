@@ -1,10 +1,9 @@
 """The rank's beat: what it writes and when, that it goes on while the main thread waits in
 a real gloo collective, and that a real trainer rank beats, ends ``done`` and dumps its
-stacks on SIGUSR1 without dying."""
+stacks on ``STACKS_SIGNAL`` without dying."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from ringmaster import rankbeat
 from ringmaster.procs import wait_until
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING
+from ringmaster.rundir import STACKS_SIGNAL
 from trainer.beat import Beat
 from trainer.fake_agent import FakeAgent
 
@@ -177,7 +177,7 @@ def test_a_trainer_rank_beats_and_dumps_its_stacks_on_sigusr1(
     training = rankbeat.read(path)
     assert training is not None and training.phase == TRAINING, ranks.log(0)[-3000:]
     assert training.pid == ranks.procs[0].pid and training.step_s > 0
-    ranks.procs[0].send_signal(signal.SIGUSR1)  # would end the rank if nothing caught it
+    ranks.procs[0].send_signal(STACKS_SIGNAL)  # would end the rank if nothing caught it
     assert ranks.wait() == [0], ranks.log(0)[-3000:]
     done = rankbeat.read(path)
     assert done is not None and (done.phase, done.step) == (DONE, 250)

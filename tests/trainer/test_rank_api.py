@@ -93,14 +93,21 @@ def test_killed_ranks_restore_from_memory_a_few_steps_back(
     agent.close()
 
 
-def test_a_sigterm_notice_checkpoints_at_one_step_then_the_ranks_leave(
-    tmp_path: Path, launch: Any, make_spec: Any
+@pytest.mark.parametrize(
+    ("notice", "env"),
+    [(signal.SIGTERM, {}), (signal.SIGUSR1, {"SLURM_JOB_ID": "77"})],
+    ids=["sigterm", "slurm-usr1"],
+)
+def test_a_notice_checkpoints_at_one_step_then_the_ranks_leave(
+    tmp_path: Path, launch: Any, make_spec: Any, notice: signal.Signals, env: dict[str, str]
 ) -> None:
+    """A SIGTERM that is not the agent's, or inside a Slurm allocation Slurm's SIGUSR1
+    warning before the job's end, to one rank."""
     agent = FakeAgent(tmp_path / "agent.sock")
     spec = make_spec(checkpoint={"every_steps": 10_000, "memory_tier": False})
-    ranks = launch(spec, socket_path=agent.path, argv=loop(100_000))
+    ranks = launch(spec, socket_path=agent.path, argv=loop(100_000), env=env)
     agent.wait_for(StepDone, lambda m: m.step >= 3)
-    ranks.procs[1].send_signal(signal.SIGTERM)  # one rank's notice is every rank's
+    ranks.procs[1].send_signal(notice)  # one rank's notice is every rank's
     assert ranks.wait() == [143, 143]
     saved = agent.wait_for(Checkpointed)
     last = max(m.step for m in agent.of(StepDone))

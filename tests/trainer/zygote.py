@@ -146,7 +146,7 @@ def _become(request: dict[str, Any]) -> None:
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, signal.SIG_DFL)
         os.environ.clear()
         os.environ.update(request["env"])
