@@ -183,8 +183,17 @@ class Soak:
         fault.update(
             reaction=reaction(mine),
             signals=sorted(seen),
+            # each with its message, which says why (a recovery's reason, a rank's attempt
+            # and exit status): what is left to find a cause by once the cluster is gone
             events=[
-                [round(e["at"] - at, 1), e["kind"], e.get("node") or e.get("job")] for e in window
+                [
+                    round(e["at"] - at, 1),
+                    e["kind"],
+                    e.get("node") or e.get("job"),
+                    e["message"],
+                    {k: e[k] for k in ("rank", "attempt", "exit_code", "signal") if k in e},
+                ]
+                for e in window
             ],
             back_s=back,
             until=until,
