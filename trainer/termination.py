@@ -12,12 +12,13 @@ would otherwise hold RAM in ``/dev/shm``) and exits.
 **A notice.** Any other SIGTERM — and, inside a Slurm allocation (``SLURM_JOB_ID`` set),
 SIGUSR1, Slurm's warning before the job's end (``sbatch --signal=USR1@90``) — once a loop
 agrees on notices at its step boundaries (:func:`honour_notices`; before that a SIGTERM
-exits at once, and Slurm's warning waits for the first boundary), sets the notice (:func:`noticed`); the step boundary's decision carries every
-rank's flag, so all ranks checkpoint at the same step, and the rank then leaves
-(:func:`leave`) with the same status. A handler that was installed before (a framework's)
-is called too, never replaced. If the rank reaches no boundary within
-:data:`NOTICE_GRACE_S` (``RINGMASTER_NOTICE_GRACE_S``) — a long evaluation, a collective
-whose peer is gone — it leaves without the checkpoint before the sender's SIGKILL.
+exits at once, and Slurm's warning waits for the first boundary), sets the notice
+(:func:`noticed`); the step boundary's decision carries every rank's flag, so all ranks
+checkpoint at the same step, and the rank then leaves (:func:`leave`) with the same
+status. A handler that was installed before (a framework's) is called too, never replaced.
+If the rank reaches no boundary within :data:`NOTICE_GRACE_S`
+(``RINGMASTER_NOTICE_GRACE_S``) — a long evaluation, a collective whose peer is gone — it
+leaves without the checkpoint before the sender's SIGKILL.
 
 Python runs handlers only between bytecodes of the main thread, and a rank can be stuck in
 a C++ collective; so a watchdog thread, woken through ``signal.set_wakeup_fd``, ends the
