@@ -18,7 +18,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
 import pytest
 from nats.errors import Error as NatsError
 
@@ -27,7 +26,6 @@ from coordinator.ctl.bus import session
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import agent_run_dirs, resolve, resolve_creds
 from coordinator.ctl.status import status_json
-from coordinator.ctl.tail import Filters, events
 from ringmaster.procs import wait_until
 from ringmaster.rundir import live_ranks
 
@@ -183,29 +181,8 @@ class Ctl:
         return [r.pid for d in agent_run_dirs(self.home) for r in live_ranks(d) if r.job == job]
 
     def events(self, *filters: str) -> list[Status]:
-        """What ``tail --no-follow --json *filters`` prints (``--job``, ``--node``,
-        ``--kind``), read the same way in this process, for the reason :meth:`view` is."""
-        pairs = dict(zip(filters[::2], filters[1::2], strict=True))
-        unknown = set(pairs) - {"--job", "--node", "--kind"}
-        assert not unknown, f"events(): no filter {unknown}"
-        wanted = Filters(node=pairs.get("--node"), job=pairs.get("--job"), kind=pairs.get("--kind"))
-        url, cluster = resolve(self.env.get("RINGMASTER_NATS"), None, str(self.home))
-        creds = resolve_creds(self.env.get("RINGMASTER_CREDS"), str(self.home))
-
-        async def read() -> list[Status]:
-            async with session(url, cluster, creds) as s:
-                return [
-                    json.loads(json.dumps(msgspec.to_builtins(e)))
-                    async for e in events(s, wanted, None, follow=False)
-                ]
-
-        for _ in range(20):
-            try:
-                return asyncio.run(read())
-            except (CtlError, NatsError, OSError) as exc:
-                error = exc
-                time.sleep(0.5)
-        raise AssertionError(f"events {filters}: {error}")
+        out = self("tail", "--no-follow", "--json", *filters)
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
 
     def start(self, job_file: str = "tiny.toml", *overrides: str) -> str:
         sets = [arg for item in overrides for arg in ("--set", item)]

@@ -91,9 +91,6 @@ def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> 
         assert sorted(e["rank"] for e in exits) == [0, 1], exits
         assert all(e["exit_code"] == 0 and e["signal"] is None for e in exits), exits
         kinds = [e["kind"] for e in history]
-        # the harness reads events in-process; the CLI's own tail prints the same
-        printed = ctl("tail", "--no-follow", "--json", "--job", job["id"]).splitlines()
-        assert [json.loads(x)["kind"] for x in printed][: len(kinds)] == kinds
         assert in_order(kinds, "job.started", "job.paused", "job.resumed", "job.completed"), kinds
         assert "job.failed" not in kinds and "job.recovering" not in kinds, kinds
         [completed] = [e for e in history if e["kind"] == "job.completed"]
