@@ -41,6 +41,32 @@ def events(ctl: Ctl, job: str, kind: str) -> list[dict[str, object]]:
     return [e for e in ctl.events("--job", job) if e["kind"] == kind]
 
 
+def start_own(
+    ctl: Ctl, tmp_path: Path, name: str, argv: list[str], more: str = ""
+) -> tuple[str, str]:
+    """A 2-node cluster up and a job of ``argv`` (its ``entry``) started from a job file of
+    its own; the job's id and what ``start`` said on stderr."""
+    job_file = tmp_path / f"{name}.toml"
+    job_file.write_text(
+        f'[job]\nname = "{name}"\nnodes = 2\nentry = {json.dumps(argv)}\n'
+        f'[checkpoint]\ndir = "{tmp_path / "ckpt"}"\n{more}'
+    )
+    ctl("up", "--nodes", "2")
+    started = ctl.run("start", str(job_file))
+    assert started.returncode == 0, started.stderr
+    return started.stdout.strip(), started.stderr
+
+
+def culprit(ctl: Ctl, job: str) -> dict[str, object]:
+    """The job's first ``worker.hung`` that names its culprit."""
+    return eventually(
+        lambda: [e for e in events(ctl, job, "worker.hung") if not e["culprit_unknown"]] or None,
+        120,
+        lambda: "no worker.hung naming a culprit",
+        0.5,
+    )[0]
+
+
 def hf_saved(out: Path, step: int) -> bool:
     return (out / f"checkpoint-{step}" / "trainer_state.json").exists()
 
@@ -137,12 +163,7 @@ def test_a_framework_loop_gets_every_reaction(ctl: Ctl, tmp_path: Path, script: 
     status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 2)
     victim = status["nodes"][1]
     ctl("inject", victim, "hang")
-    hung = eventually(
-        lambda: [e for e in events(ctl, job, "worker.hung") if not e["culprit_unknown"]] or None,
-        90,
-        lambda: "no worker.hung naming a culprit",
-        0.5,
-    )[0]
+    hung = culprit(ctl, job)
     assert hung["node"] == victim and hung["rank"] == 1 and hung["stacks"]
     restarted(ctl, job, 3)
     status = ctl.wait(job, lambda s: s["state"] == "running" and s["restarts"] == 3)
@@ -190,17 +211,9 @@ def test_an_unmodified_script_is_refused_what_it_cannot_do_and_its_ledger_says_s
     source = (EXAMPLES / "hf_trainer.py").read_text().splitlines()
     plain = tmp_path / "hf_plain.py"
     plain.write_text("\n".join(line for line in source if not line.rstrip().endswith(MARK)))
-    job_file = tmp_path / "plain.toml"
     argv = ["hf_plain.py", "--out", str(tmp_path / "out"), "--steps", "100000"]
-    job_file.write_text(
-        f'[job]\nname = "hf-plain"\nnodes = 2\nentry = {json.dumps(argv)}\n'
-        f'[checkpoint]\ndir = "{tmp_path / "ckpt"}"\n'
-    )
-    ctl("up", "--nodes", "2")
-    started = ctl.run("start", str(job_file))
-    assert started.returncode == 0, started.stderr
-    job = started.stdout.strip()
-    assert "reactions (its script's): none" in started.stderr, started.stderr
+    job, said = start_own(ctl, tmp_path, "hf-plain", argv)
+    assert "reactions (its script's): none" in said, said
     status = ctl.wait(job, lambda s: s["state"] == "running")
     assert status["step"] is None and status["reactions"] == [] and not status["reports_steps"]
     for verb in ("pause", "checkpoint"):
@@ -249,21 +262,8 @@ def test_a_rank_that_stops_calling_the_boundary_is_found_hung_not_a_deadlock(
 ) -> None:
     (tmp_path / "stray.py").write_text(STRAY)
     argv = ["stray.py", str(EXAMPLES / "rank_api_loop.py"), "--steps", "100000"]
-    job_file = tmp_path / "stray.toml"
-    job_file.write_text(
-        f'[job]\nname = "stray"\nnodes = 2\nentry = {json.dumps(argv)}\n'
-        f'[checkpoint]\ndir = "{tmp_path / "ckpt"}"\n[policy]\nhang_floor_s = 3.0\n'
-    )
-    ctl("up", "--nodes", "2")
-    started = ctl.run("start", str(job_file))
-    assert started.returncode == 0, started.stderr
-    job = started.stdout.strip()
-    hung = eventually(
-        lambda: [e for e in events(ctl, job, "worker.hung") if not e["culprit_unknown"]] or None,
-        120,
-        lambda: "no worker.hung naming a culprit",
-        0.5,
-    )[0]
+    job, _ = start_own(ctl, tmp_path, "stray", argv, "[policy]\nhang_floor_s = 3.0\n")
+    hung = culprit(ctl, job)
     # the spinning rank is named from its stacks, running; its peer waits in the API's
     # all-reduce, which its beat says
     assert hung["rank"] == 1 and "outside any collective" in str(hung["evidence"]), hung
