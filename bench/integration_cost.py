@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cluster_harness import REPO, read_records
+from bench.trainer_bench import free_port
 from trainer.fake_agent import FakeAgent
 
 SCRIPT = REPO / "examples" / "hf_trainer.py"
@@ -46,12 +46,6 @@ def unmodified(into: Path) -> Path:
     lines = SCRIPT.read_text().splitlines()
     into.write_text("\n".join(x for x in lines if not x.rstrip().endswith("# ringmaster")))
     return into
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run(root: Path, name: str, script: Path, args: argparse.Namespace, job: bool) -> float:
