@@ -168,9 +168,11 @@ def up(
         operator = str(creds_path(directory, OPERATOR)) if auth else None
         asyncio.run(await_nodes(local, operator, seen, timeout))
     except TimeoutError:
-        missing = ", ".join(n for n in names if n not in seen)
+        absent = [n for n in names if n not in seen]
+        said = _last_line(logs / f"{agent_process(absent[0])}.log")
         raise CtlError(
-            f"nodes did not all register within {timeout:.0f} s (missing: {missing}); see {logs}"
+            f"nodes did not all register within {timeout:.0f} s (missing: {', '.join(absent)}); "
+            f"{absent[0]}'s agent last said: {said}; see {logs}"
         ) from None
     for record in seen.values():
         if record.state is not NodeState.READY:
@@ -274,3 +276,13 @@ def _kill_group(pid: int, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: not pid_alive(pid), wait)
             return
+
+
+def _last_line(log: Path) -> str:
+    """The log's last line, cut to a readable length ("nothing" for an empty or absent
+    log): what an agent that never registered last said, in the one-line error."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1][:200] if lines else "nothing"

@@ -111,6 +111,8 @@ def create(directory: Path, net: Netns) -> None:
     if shutil.which("ip") is None:
         raise CtlError("up --netns needs iproute2's ip command, not found on PATH")
     remove(directory)  # a crashed up's leftovers would collide with the same names
+    if clash := in_use(net):
+        raise CtlError(clash)
     record_file(directory).write_bytes(msgspec.json.encode(net))
     ctl_len, data_len = (ipaddress.ip_network(n).prefixlen for n in (net.ctl_net, net.data_net))
     try:
@@ -131,6 +133,29 @@ def create(directory: Path, net: Netns) -> None:
     except CtlError as exc:
         remove(directory)
         raise CtlError(f"network namespaces are not available here: {exc}") from None
+
+
+def in_use(net: Netns) -> str:
+    """Why ``net``'s networks cannot be made here ("" when they can): an address of this
+    machine already in one of them, such as another cluster's bridge, would take the
+    host's routes to the nodes, which would then never reach NATS."""
+    listed = subprocess.run(
+        ["ip", "-o", "addr", "show"], capture_output=True, text=True, check=False
+    )
+    networks = [ipaddress.ip_network(n) for n in (net.ctl_net, net.data_net)]
+    for line in listed.stdout.splitlines():
+        # "5: rm755f83-ctl    inet 198.18.16.1/24 brd ... scope global rm755f83-ctl"
+        fields = line.split()
+        if len(fields) < 4 or fields[2] != "inet":
+            continue
+        addr = ipaddress.ip_interface(fields[3])
+        for network in networks:
+            if addr.ip in network or network.overlaps(addr.network):
+                return (
+                    f"{network} is in use on this machine: {addr} on {fields[1]} "
+                    "(another cluster's? bring it down, or choose --ctl-net and --data-net)"
+                )
+    return ""
 
 
 def _veth(namespace: str, host_side: str, inside: str, bridge: str, addr: str) -> None:

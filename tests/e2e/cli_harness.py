@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -65,12 +66,19 @@ def netns_unavailable() -> str:
 
 
 def worker_networks() -> tuple[str, ...]:
-    """Control and data networks of this test worker's own: two namespaced clusters up at
-    once on the same networks would give the host one address on two bridges."""
+    """Control and data networks of this test worker's own, and free on this machine: two
+    namespaced clusters up at once on the same networks would give the host one address on
+    two bridges, and so would one some earlier run left behind (``up`` refuses those)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
         return ()
+    listed = subprocess.run(
+        ["ip", "-o", "addr", "show"], capture_output=True, text=True, check=False
+    )
+    taken = set(re.findall(r"inet 198\.18\.(\d+)\.", listed.stdout))
     third = 16 + 2 * int(worker[2:])
+    while {str(third), str(third + 1)} & taken and third < 96:
+        third += 8  # past every worker's first pair: never another worker's
     return ("--ctl-net", f"198.18.{third}.0/24", "--data-net", f"198.18.{third + 1}.0/24")
 
 

@@ -16,6 +16,7 @@ from cli_harness import Ctl, eventually, netns_unavailable
 
 from coordinator.ctl import local
 from coordinator.ctl import netns as ns
+from coordinator.ctl.errors import CtlError
 
 WHY = netns_unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]
@@ -178,3 +179,21 @@ def test_down_sweeps_what_a_crashed_up_made_even_without_its_record(tmp_path: Pa
     ns.record_file(home).unlink()  # up died before it could leave anything readable
     local.down(home)
     assert leftovers(home) == []
+
+
+def test_up_refuses_networks_another_cluster_already_holds(tmp_path: Path) -> None:
+    """A cluster left up (or left behind) holds 198.18.8.0/24: a second one planned on it
+    is refused in one line naming the address and its bridge, and makes nothing."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    ns.create(first, ns.plan(first, ["node-0"], "198.18.8.0/24", "198.18.9.0/24"))
+    try:
+        with pytest.raises(CtlError) as refused:
+            ns.create(second, ns.plan(second, ["node-0"], "198.18.10.0/24", "198.18.8.0/24"))
+        said = str(refused.value)
+        assert "198.18.8.0/24 is in use" in said and f"{ns.prefix(first)}-ctl" in said, said
+        assert "\n" not in said
+        assert leftovers(second) == [] and not ns.record_file(second).exists()
+    finally:
+        local.down(first)
