@@ -6,6 +6,7 @@ lifecycle is tested without a NATS server."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,7 +47,7 @@ class FakeAgents:
         self.received.append((node, cmd))
         if node in self.failing:
             return CommandReply(ok=False, node=node, epoch_seen=cmd.epoch, error=self.failing[node])
-        reply = CommandReply(ok=True, node=node, epoch_seen=cmd.epoch)
+        reply = CommandReply(ok=True, node=node, epoch_seen=cmd.epoch, sent_at=time.time())
         if isinstance(cmd, ReservePort):
             reply.port = self.port
         elif isinstance(cmd, Launch):

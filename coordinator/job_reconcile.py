@@ -52,11 +52,21 @@ class Reconciler:
         silent = m.registry.silent(list(nodes), now)
         for job in list(m.jobs.values()):
             attempt, launched = m.launcher.launched_at.get(job.id, (0, self.since))
+            answered = m.launcher.answered_at.get(job.id, {})
             if attempt != job.attempt:
-                launched = self.since  # launched by another leader: beats since takeover
+                launched, answered = self.since, {}  # another leader's launch: beats since
 
-            def settled(node: NodeInfo, launched: float = launched) -> bool:
-                return node.id not in silent and node.last_seen > launched + node.interval_s
+            def settled(
+                node: NodeInfo, launched: float = launched, answered: dict[str, float] = answered
+            ) -> bool:
+                """The node's newest beat lists the attempt's ranks: sent after the node
+                answered the launch (its own clock; the beat may reach this process
+                before or after the answer), else come over a beat after all answered."""
+                if node.id in silent:
+                    return False
+                if answered.get(node.id):
+                    return node.beat_sent_at > answered[node.id]
+                return node.beat_seen > launched + node.interval_s
 
             for found in job_findings(job, nodes, settled):
                 await m.publish(event := _exit_event(job, found))

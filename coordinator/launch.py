@@ -46,9 +46,10 @@ class Launcher:
         self._waiting_logged: dict[str, str] = {}
         self._refusals: dict[str, dict[str, str]] = {}
         # each job's newest attempt and when every node answered its launch (monotonic;
-        # inf while one is in flight): its nodes' beats after this list its ranks
-        # (coordinator.reconcile)
+        # inf while one is in flight), and each node's own clock at its answer: a beat
+        # that node sent after it lists the attempt's ranks (coordinator.job_reconcile)
         self.launched_at: dict[str, tuple[int, float]] = {}
+        self.answered_at: dict[str, dict[str, float]] = {}
 
     async def start(self, job: JobRecord, busy: set[str]) -> bool:
         """One try at starting ``job``'s next attempt; True when every node launched.
@@ -94,6 +95,7 @@ class Launcher:
         fire(job, Input.LAUNCH)
         # until every node has answered, a node's beat may not list a rank it is starting
         self.launched_at[job.id] = (job.attempt, math.inf)
+        self.answered_at.pop(job.id, None)
         await self.save(job)
         plans = plan(adm.chosen, spec.gpus_per_node, reply.port, spec.env)
         probes = {n.id: f"{n.addr}:{n.probe_port}" for n in adm.chosen if n.probe_port}
@@ -129,6 +131,7 @@ class Launcher:
             await self.save(job)
             return False
         self.launched_at[job.id] = (job.attempt, time.monotonic())
+        self.answered_at[job.id] = {p.node: r.sent_at for p, r in zip(plans, replies, strict=True)}
         job.reason = ""
         if not loop_support.reports_steps(job):
             fire(job, Input.TRAINING)  # a script that sends no progress: running now

@@ -30,7 +30,8 @@ class NodeInfo:
     cpus: int = 0
     simulated: bool = False
     state: NodeState = NodeState.READY
-    last_seen: float = 0.0  # coordinator's monotonic clock
+    last_seen: float = 0.0  # coordinator's monotonic clock (a bus outage's end moves it too)
+    beat_seen: float = 0.0  # when the newest beat arrived, coordinator's monotonic clock
     beat_sent_at: float = 0.0  # the agent's wall clock when it sent the newest beat
     interval_s: float = 1.0
     telemetry: Telemetry = field(default_factory=Telemetry)
@@ -108,6 +109,7 @@ class Registry:
         node.cpus = beat.cpus
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
+        node.beat_seen = now
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
         node.probe_port, node.probe_confirm_s = beat.probe_port, beat.probe_confirm_s

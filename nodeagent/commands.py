@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -135,6 +136,7 @@ class CommandHandler:
             error=error,
             node=self.node,
             epoch_seen=self.epoch_seen,
+            sent_at=time.time(),
             **fields,  # type: ignore[arg-type]
         )
 

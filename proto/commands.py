@@ -86,5 +86,8 @@ class CommandReply(msgspec.Struct, kw_only=True):
     epoch_seen: int = 0
     port: int = 0
     pids: list[int] = msgspec.field(default_factory=list)
+    # the agent's wall clock when it answered (0: not said): a beat it sent later is newer
+    # than this answer, whatever order the two reach the coordinator in
+    sent_at: float = 0.0
     # False: nobody answered (no agent subscribed, or none in time); set by the sender
     answered: bool = True

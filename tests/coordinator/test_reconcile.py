@@ -165,3 +165,31 @@ async def test_a_node_still_starting_its_ranks_is_not_missing_them() -> None:
     await m.settle()
     assert job.state is JobState.STARTING and job.restarts == 0
     assert m.launcher.launched_at[job.id][0] == 1
+
+
+@pytest.mark.anyio
+async def test_a_beat_sent_before_the_launch_answer_is_no_evidence_however_late_it_comes() -> None:
+    """A starved coordinator takes node-1's beats seconds late (or a bus outage's end
+    moves its last-seen time): a beat node-1 sent before it answered the launch does not
+    list the new rank, however long after the launch it is read. Only a beat node-1 sent
+    after its answer can say the rank is missing."""
+    c = Cluster()
+    m = c.leader()
+    job = m.jobs[(await m.submit(SubmitJob(spec=spec(2), workdir="/w"))).job]
+    await m.tick()
+    await m.settle()
+    assert job.state is JobState.STARTING and job.attempt == 1
+    answered = m.launcher.answered_at[job.id]["node-1"]
+    ours = RankReport(job=job.id, rank=0, attempt=1, pid=10_000, alive=True)
+    late = time.monotonic() + 30.0  # read long after the launch
+    for name, ranks, sent in (("node-0", [ours], answered + 1), ("node-1", [], answered - 0.5)):
+        c.registry.observe(Heartbeat(node=name, seq=9, sent_at=sent, gpus=1, ranks=ranks), late)
+    c.registry.bus_alive(late + 5.0)  # an outage's end moves every node's last-seen time
+    await m.tick()
+    await m.settle()
+    assert job.restarts == 0 and "worker.exited" not in c.kinds(), job.reason
+    beat = Heartbeat(node="node-1", seq=10, sent_at=answered + 0.5, gpus=1, ranks=[])
+    c.registry.observe(beat, late + 6.0)  # sent after its answer: the rank is missing
+    await m.tick()
+    await m.settle()
+    assert "worker.exited" in c.kinds() and job.restarts == 1, job.reason
