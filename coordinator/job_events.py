@@ -117,7 +117,7 @@ class EventInputs:
             return True
         peers = [self.registry.nodes.get(n) for n in job.nodes if n != event.node]
         beating = [p for p in peers if p is not None and p.state is not NodeState.LOST]
-        return all(p.last_seen >= due for p in beating)
+        return all(p.beat_seen >= due for p in beating)
 
     async def _warn_at_risk(self, job: JobRecord, node: str, window_s: float) -> None:
         """Said before the evacuation starts, so the on-call engineer knows what to expect."""
@@ -163,7 +163,7 @@ class EventInputs:
         node = self.registry.nodes.get(event.node or "")
         if not isinstance(event, NodeLost) or node is None:
             return False
-        overdue = node.last_seen + 1.5 * node.interval_s
+        overdue = node.beat_seen + 1.5 * node.interval_s
         if self._stepped_at.get(job.id, -1e18) > overdue:
             return True
         return peers_stepped_on(job, self.registry.nodes, node.id)

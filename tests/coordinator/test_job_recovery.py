@@ -91,7 +91,8 @@ async def test_a_lost_node_whose_ranks_still_step_is_not_restarted() -> None:
     c = Cluster()
     m = c.leader()
     job = await launched(c, m)
-    c.registry.nodes["node-1"].last_seen = time.monotonic() - 5.0  # its agent went quiet
+    quiet = c.registry.nodes["node-1"]
+    quiet.last_seen = quiet.beat_seen = time.monotonic() - 5.0  # its agent went quiet
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))  # ... ranks still step
     await m.on_event(NodeLost(node="node-1"))
     assert job.state is JobState.RUNNING and job.restarts == 0

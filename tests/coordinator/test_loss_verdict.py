@@ -41,7 +41,7 @@ def peer_reports(c: Cluster, job: JobRecord, last_step: int, beat_later: bool) -
     report = RankReport(job=job.id, rank=1, attempt=job.attempt, pid=1, alive=True)
     peer.ranks = [msgspec.structs.replace(report, last_step=last_step)]
     if beat_later:  # a beat that arrived after the steps were due
-        peer.last_seen = time.monotonic() + 5
+        peer.last_seen = peer.beat_seen = time.monotonic() + 5
 
 
 async def test_the_peer_stepping_on_keeps_the_silent_node() -> None:
@@ -66,6 +66,18 @@ async def test_a_peer_stuck_in_its_beat_after_the_steps_were_due_restarts_the_jo
     await m.tick()
     assert job.state is JobState.RECOVERING and job.restarts == 1
     assert list(job.excluded) == ["node-0"]
+
+
+async def test_a_bus_outage_ending_is_no_beat_of_the_peers() -> None:
+    """The bus comes back (every node's silence clock starts afresh): that is no beat of
+    the peer's, so it cannot show whether the ranks stepped on; the verdict still waits."""
+    c = Cluster()
+    m = c.leader()
+    job = await slow_job_loses_rank_0s_node(c, m)
+    c.registry.bus_alive(time.monotonic())
+    c.registry.bus_alive(time.monotonic() + 5)  # the canary back after 5 s away
+    await m.tick()
+    assert job.state is JobState.RUNNING and job.restarts == 0
 
 
 async def test_peers_silent_too_end_the_wait_after_its_bound(
