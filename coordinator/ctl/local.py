@@ -236,16 +236,20 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
     # exits with a restart, and agents would launch ranks nobody stops. Training ranks and
     # spare interpreters outlive agents by design, so they are stopped explicitly, then
     # the rest.
+    # Each tier's processes are signalled together, then waited for together.
     deciders = [p for p in daemons if _order(p.stem) <= 1]
-    for pidfile in deciders:
-        stopped += _stop_pidfile(pidfile, timeout)
+    for tier in (0, 1):
+        stopped += _stop_pidfiles([p for p in deciders if _order(p.stem) == tier], timeout)
+    workers: list[int] = []
     for run_dir in agent_run_dirs(directory):
         for rank in live_ranks(run_dir):
-            _kill_group(rank.pid, timeout)
+            workers.append(rank.pid)
             stopped.append(f"rank {rank.job}/rank-{rank.rank} ({rank.pid})")
         for spare in live_spares(run_dir):  # an agent that died left its spares waiting
-            _kill_group(spare.pid, timeout)
+            workers.append(spare.pid)
             stopped.append(f"spare interpreter ({spare.pid})")
+    _kill_groups(workers, timeout)
+    for run_dir in agent_run_dirs(directory):
         shutil.rmtree(spare_dir(run_dir), ignore_errors=True)  # their sockets
         node = run_dir.parent.name  # and the RAM its jobs' memory tier holds there
         for job in sorted(p.name for p in (run_dir / "jobs").glob("*")):
@@ -253,28 +257,29 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
                 stopped.append(f"memory snapshots of {job} on {node}")
     for pidfile in daemons:
         if pidfile not in deciders:
-            stopped += _stop_pidfile(pidfile, timeout)
+            stopped += _stop_pidfiles([pidfile], timeout)
     stopped += ns.remove(directory)
     (directory / "cluster.json").unlink(missing_ok=True)
     return stopped
 
 
-def _stop_pidfile(pidfile: Path, timeout: float) -> list[str]:
-    pid = read_pid(pidfile)
-    stopped = []
-    if pid is not None and pid_alive(pid):
-        _kill_group(pid, timeout)
-        stopped.append(f"{pidfile.stem} ({pid})")
-    pidfile.unlink(missing_ok=True)
-    return stopped
+def _stop_pidfiles(pidfiles: list[Path], timeout: float) -> list[str]:
+    live = {f: pid for f in pidfiles if (pid := read_pid(f)) is not None and pid_alive(pid)}
+    _kill_groups(list(live.values()), timeout)
+    for pidfile in pidfiles:
+        pidfile.unlink(missing_ok=True)
+    return [f"{f.stem} ({pid})" for f, pid in live.items()]
 
 
-def _kill_group(pid: int, timeout: float) -> None:
+def _kill_groups(pids: list[int], timeout: float) -> None:
+    """SIGTERM each process group, wait up to ``timeout`` for all to end; SIGKILL the
+    rest."""
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
         with contextlib.suppress(TimeoutError):
-            wait_until(lambda: not pid_alive(pid), wait)
+            wait_until(lambda: not any(pid_alive(p) for p in pids), wait)
             return
 
 
