@@ -59,9 +59,10 @@ class Reconciler:
             def settled(
                 node: NodeInfo, launched: float = launched, answered: dict[str, float] = answered
             ) -> bool:
-                """The node's newest beat lists the attempt's ranks: sent after the node
-                answered the launch (its own clock; the beat may reach this process
-                before or after the answer), else come over a beat after all answered."""
+                """The node's newest beat lists the attempt's ranks: it was sent after the
+                node answered the launch (both on its own clock: the beat may reach this
+                process before or after the answer), or, for another leader's launch,
+                it arrived a beat's interval after this leader took over."""
                 if node.id in silent:
                     return False
                 if answered.get(node.id):
