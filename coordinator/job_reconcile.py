@@ -61,8 +61,9 @@ class Reconciler:
             ) -> bool:
                 """The node's newest beat lists the attempt's ranks: it was sent after the
                 node answered the launch (both on its own clock: the beat may reach this
-                process before or after the answer), or, for another leader's launch,
-                it arrived a beat's interval after this leader took over."""
+                process before or after the answer); without that stamp (another
+                leader's launch, an agent that sends none) it arrived a beat's interval
+                after the launch was answered or this leader took over."""
                 if node.id in silent:
                     return False
                 if answered.get(node.id):
