@@ -41,7 +41,7 @@ from ringmaster import memory_store
 from ringmaster.bus import connect
 from ringmaster.metrics import ANY_PORT
 from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
-from ringmaster.rundir import live_ranks, live_spares, spare_dir
+from ringmaster.rundir import JobDir, live_ranks, live_spares, spare_dir
 
 
 def metrics_flags(addr: str = "127.0.0.1") -> list[str]:
@@ -255,6 +255,8 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
         for job in sorted(p.name for p in (run_dir / "jobs").glob("*")):
             if memory_store.remove_job_node(memory_store.SHM, job, node):
                 stopped.append(f"memory snapshots of {job} on {node}")
+            # a killed agent leaves its control socket, in the temp dir for deep run dirs
+            JobDir(run_dir, job).control_socket.unlink(missing_ok=True)
     for pidfile in daemons:
         if pidfile not in deciders:
             stopped += _stop_pidfiles([pidfile], timeout)
