@@ -111,7 +111,7 @@ def create(directory: Path, net: Netns) -> None:
     if shutil.which("ip") is None:
         raise CtlError("up --netns needs iproute2's ip command, not found on PATH")
     remove(directory)  # a crashed up's leftovers would collide with the same names
-    if clash := in_use(net):
+    if clash := in_use(net.ctl_net, net.data_net):
         raise CtlError(clash)
     record_file(directory).write_bytes(msgspec.json.encode(net))
     ctl_len, data_len = (ipaddress.ip_network(n).prefixlen for n in (net.ctl_net, net.data_net))
@@ -135,14 +135,14 @@ def create(directory: Path, net: Netns) -> None:
         raise CtlError(f"network namespaces are not available here: {exc}") from None
 
 
-def in_use(net: Netns) -> str:
-    """Why ``net``'s networks cannot be made here ("" when they can): an address of this
-    machine already in one of them, such as another cluster's bridge, would take the
-    host's routes to the nodes, which would then never reach NATS."""
+def in_use(*nets: str) -> str:
+    """Why ``nets`` cannot be made here ("" when they can): an address of this machine
+    already in one of them, such as another cluster's bridge, would take the host's
+    routes to the nodes, which would then never reach NATS."""
     listed = subprocess.run(
         ["ip", "-o", "addr", "show"], capture_output=True, text=True, check=False
     )
-    networks = [ipaddress.ip_network(n) for n in (net.ctl_net, net.data_net)]
+    networks = [ipaddress.ip_network(n) for n in nets]
     for line in listed.stdout.splitlines():
         # "5: rm755f83-ctl    inet 198.18.16.1/24 brd ... scope global rm755f83-ctl"
         fields = line.split()

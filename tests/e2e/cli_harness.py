@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -72,14 +71,15 @@ def worker_networks() -> tuple[str, ...]:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if not worker.startswith("gw"):
         return ()
-    listed = subprocess.run(
-        ["ip", "-o", "addr", "show"], capture_output=True, text=True, check=False
-    )
-    taken = set(re.findall(r"inet 198\.18\.(\d+)\.", listed.stdout))
     third = 16 + 2 * int(worker[2:])
-    while {str(third), str(third + 1)} & taken and third < 96:
+
+    def pair(third: int) -> tuple[str, str]:
+        return f"198.18.{third}.0/24", f"198.18.{third + 1}.0/24"
+
+    while ns.in_use(*pair(third)) and third < 96:
         third += 8  # past every worker's first pair: never another worker's
-    return ("--ctl-net", f"198.18.{third}.0/24", "--data-net", f"198.18.{third + 1}.0/24")
+    ctl_net, data_net = pair(third)
+    return ("--ctl-net", ctl_net, "--data-net", data_net)
 
 
 def host_address(home: Path) -> str:
