@@ -3,6 +3,11 @@
 What to do is :mod:`coordinator.reconcile`'s (pure); this feeds its findings back into the
 manager as the events that were missed — published too, so on-call sees the evidence —
 and stops orphans as tasks, at most once per ``ORPHAN_RETRY_S`` each.
+
+An exit a beat lists is the agent's own ``worker.exited`` too, sent first but on the events
+stream, which a busy leader may read after the beat: it is reconciled only once listed for
+over ``MISSED_AFTER`` beat intervals, so the fact is recorded once, from the agent, and a
+lost event still costs at most that long.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 ORPHAN_RETRY_S = 10.0
+MISSED_AFTER = 1.5  # beat intervals a listed exit waits for the agent's own event
 
 
 class Reconciler:
@@ -32,11 +38,14 @@ class Reconciler:
         # when each orphan was first reported: one beat can still show a rank its stop
         # has just ended, so an orphan is acted on once reported for over a beat
         self._orphans_seen: dict[tuple[str, str, int], float] = {}
+        # when a beat first listed each exit not yet recorded: (job, attempt, rank)
+        self._exits_seen: dict[tuple[str, int, int], float] = {}
 
     def reset(self) -> None:
         self.since = time.monotonic()
         self._orphans_stopped.clear()
         self._orphans_seen.clear()
+        self._exits_seen.clear()
 
     @staticmethod
     def speaks_for(job: JobRecord, event: WorkerExited | WorkerHung) -> bool:
@@ -50,6 +59,7 @@ class Reconciler:
         m, now = self.m, time.monotonic()
         nodes = m.registry.nodes
         silent = m.registry.silent(list(nodes), now)
+        exits_seen: dict[tuple[str, int, int], float] = {}
         for job in list(m.jobs.values()):
             attempt, launched = m.launcher.launched_at.get(job.id, (0, self.since))
             answered = m.launcher.answered_at.get(job.id, {})
@@ -71,9 +81,15 @@ class Reconciler:
                 return node.beat_seen > launched + node.interval_s
 
             for found in job_findings(job, nodes, settled):
+                if isinstance(found, Exited):
+                    listed = (job.id, job.attempt, found.report.rank)
+                    exits_seen[listed] = first = self._exits_seen.get(listed, now)
+                    if now - first <= MISSED_AFTER * nodes[found.node].interval_s:
+                        continue  # the agent's own event may still be on its way
                 await m.publish(event := _exit_event(job, found))
                 log.warning("reconciled a rank's exit", job=job.id, message=event.message)
                 await m.on_event(event)
+        self._exits_seen = exits_seen
         seen = {}
         for orphan in orphans(m.jobs, nodes, lambda n: n.id not in silent):
             report = orphan.report

@@ -21,6 +21,7 @@ from coordinator.cas import Conflict
 from coordinator.job_machine import PA, RE, TABLE, C, Input, P, R, S
 from coordinator.jobs import JobManager
 from proto.api import JobControl, SubmitJob
+from proto.events import WorkerExited
 from proto.job import Failure, JobRecord, JobState
 from proto.node import Heartbeat, RankReport
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
@@ -200,11 +201,39 @@ async def test_a_missed_exit_is_found_by_reconciliation_within_a_beat() -> None:
         ),
         time.monotonic(),
     )
+    await m.tick()  # the agent's own event, sent first, may still be on its way
+    assert job.state is not RE and "worker.exited" not in c.kinds()
+    aged = {k: v - 10.0 for k, v in m.reconciler._exits_seen.items()}
+    m.reconciler._exits_seen = aged  # listed for over a beat and a half: it was missed
     await m.tick()
     assert job.state is RE and job.restarts == 1
     assert "from node-1's rank report" in job.reason
     await m.tick()  # the same report again: the same fact, no second restart
-    assert job.restarts == 1
+    assert job.restarts == 1 and c.kinds().count("worker.exited") == 1
+
+
+async def test_an_exit_listed_in_a_beat_before_its_event_arrives_is_recorded_once() -> None:
+    """The beat that lists rank 1's exit reaches the leader before the agent's own
+    worker.exited (beats and events travel apart): one event in the history, one restart."""
+    c = Cluster()
+    m = c.leader()
+    job_id = await reach(c, m, R)
+    job = m.jobs[job_id]
+    m.launcher.launched_at[job_id] = (job.attempt, -1e9)
+    for r, alive in ((0, True), (1, False)):
+        report = RankReport(
+            job=job_id, rank=r, attempt=job.attempt, pid=10_000 + r, alive=alive, exit_code=1
+        )
+        beat = Heartbeat(node=f"node-{r}", seq=2, sent_at=time.time(), gpus=1, ranks=[report])
+        c.registry.observe(beat, time.monotonic())
+    await m.tick()
+    exited = WorkerExited(node="node-1", job=job_id, rank=1, attempt=job.attempt, exit_code=1)
+    c.events.append(exited)  # the agent's event, a beat late
+    await m.on_event(exited)
+    m.reconciler._exits_seen = {k: v - 10.0 for k, v in m.reconciler._exits_seen.items()}
+    await m.tick()
+    await m.settle()
+    assert job.restarts == 1 and c.kinds().count("worker.exited") == 1, c.kinds()
 
 
 def table_in_docs() -> set[tuple[str, str, str]]:
