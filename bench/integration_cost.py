@@ -2,11 +2,12 @@
 two-line callback and without, on the same two ranks, alternating, in one run.
 
     .venv/bin/python bench/integration_cost.py [--rounds 6] [--steps 300] [--warmup 30]
-        [--memory on|off] [--model "--layers 6 --width 256"] [--json OUT.json]
+        [--memory on|off] [--model "--layers 6 --width 256"] [--blocks N] [--json OUT.json]
 
 Each round runs the script without its integration lines, then with them
 (``examples/hf_trainer.py``), each for ``--steps`` steps on two ranks of this machine
-started as a node agent starts them (torchrun's environment; with the callback also the
+started as a node agent starts them (torchrun's environment, one intra-op thread, each
+rank pinned to its share of the cores; with the callback also the
 job spec, and a fake agent on the control socket that takes rank 0's progress as the real
 one does, ``trainer/fake_agent.py``). No cluster runs beside them: its daemons' own work
 on these two cores would move step times by more than what is measured here, and a rank
@@ -19,6 +20,15 @@ rounds' ratios, with callback over without. ``--memory off`` leaves the memory t
 (``checkpoint.memory_tier = false``), to tell its share apart; ``--model`` passes the
 script a larger GPT-2 (its ``--layers`` and ``--width``): the example's default (2 layers
 of 64) steps in about 20 ms here, where any fixed cost of a step shows most.
+
+Two runs of the same script on this machine differ by more than the cost sought (their
+medians move by 10 % and more), so ``--blocks N`` measures inside one run instead: each
+round is a single run of the script with its callback, whose step work is done only in
+alternate blocks of ``N`` steps (``RINGMASTER_BENCH_BLOCKS``, ``bench/hf_steps.py``); the
+round's ratio is the median step inside the blocks with it over the median inside the
+blocks without (a block's first step, which straddles the change, counts in neither).
+What this leaves out is only what the integration costs while no step is reported: its
+threads' idle waits, and the start (``restore``), a one-time cost.
 """
 
 from __future__ import annotations
@@ -26,16 +36,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cluster_harness import REPO, read_records
 from bench.trainer_bench import free_port
+from coordinator.rendezvous import cpu_slice
+from proto.job import memory_store_name, shm_staging_name
 from trainer.fake_agent import FakeAgent
 
 SCRIPT = REPO / "examples" / "hf_trainer.py"
@@ -48,11 +62,21 @@ def unmodified(into: Path) -> Path:
     return into
 
 
-def run(root: Path, name: str, script: Path, args: argparse.Namespace, job: bool) -> float:
-    """Two ranks of ``script`` to the end; rank 0's median step time after the warm-up."""
+def _pinned(rank: int) -> Callable[[], None]:
+    """Each rank on its share of this machine's cores, as an agent pins a real node's
+    ranks (``coordinator.rendezvous.cpu_slice``)."""
+    cpus = cpu_slice(rank, 2, os.cpu_count() or 1)
+    return lambda: os.sched_setaffinity(0, cpus) if cpus else None
+
+
+Step = tuple[int, float, bool]  # step, seconds, whether the callback acted in its block
+
+
+def run(root: Path, name: str, script: Path, args: argparse.Namespace, job: bool) -> list[Step]:
+    """Two ranks of ``script`` to the end; rank 0's steps after the warm-up."""
     work = root / name
     work.mkdir(parents=True)
-    port, procs = free_port(), []
+    port, procs, job_id = free_port(), [], f"cost-{root.name}-{name}"
     agent = FakeAgent(work / "agent.sock") if job else None
     memory = "true" if args.memory == "on" else "false"
     spec = work / "spec.json"
@@ -77,27 +101,58 @@ def run(root: Path, name: str, script: Path, args: argparse.Namespace, job: bool
             "MASTER_PORT": str(port),
             "PYTHONPATH": str(REPO),
             "RINGMASTER_BENCH_WATCH": "watch",
+            "OMP_NUM_THREADS": "1",  # as the rendezvous plan (and torchrun) sets it
+            "RINGMASTER_BENCH_BLOCKS": str(args.blocks),
         }
         if agent is not None:
             env |= {
                 "RINGMASTER_JOB_SPEC": str(spec),
-                "RINGMASTER_JOB_ID": f"cost-{root.name}-{name}",
+                "RINGMASTER_JOB_ID": job_id,
                 "RINGMASTER_WORKDIR": str(work),
                 "RINGMASTER_CONTROL_SOCKET": str(agent.path),
                 "RINGMASTER_ATTEMPT": "1",
             }
         with (work / f"rank-{rank}.log").open("wb") as log:
             procs.append(
-                subprocess.Popen([sys.executable, *argv], env=env, cwd=work, stdout=log, stderr=log)
+                subprocess.Popen(
+                    [sys.executable, *argv],
+                    env=env,
+                    cwd=work,
+                    stdout=log,
+                    stderr=log,
+                    preexec_fn=_pinned(rank),
+                )
             )
     codes = [p.wait(1800) for p in procs]
     if agent is not None:
         agent.close()
+        # what an agent removes once its ranks exit: their RAM staging, the memory tier
+        for leftover in (shm_staging_name(job_id), memory_store_name(job_id)):
+            shutil.rmtree(Path("/dev/shm") / leftover, ignore_errors=True)
     if codes != [0, 0]:
         raise RuntimeError(f"{name}: ranks exited {codes}; see {work}")
     steps = [r for r in read_records([work / "rank-0.log"]) if r.event == "watch_step"]
-    times = [float(r.fields["step_s"]) for r in steps if int(r.fields["step"]) > args.warmup]
-    return statistics.median(times)
+    return [
+        (int(r.fields["step"]), float(r.fields["step_s"]), r.fields.get("on") == "1")
+        for r in steps
+        if int(r.fields["step"]) > args.warmup
+    ]
+
+
+def median_step(steps: list[Step]) -> float:
+    return statistics.median(seconds for _, seconds, _ in steps)
+
+
+def in_blocks(steps: list[Step]) -> tuple[float, float]:
+    """The median step inside blocks with the callback's work and inside blocks without,
+    each block's first step left out."""
+    kinds: dict[bool, list[float]] = {True: [], False: []}
+    before: bool | None = None
+    for _, seconds, on in steps:
+        if on == before:
+            kinds[on].append(seconds)
+        before = on
+    return statistics.median(kinds[False]), statistics.median(kinds[True])
 
 
 def main() -> int:
@@ -107,6 +162,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--memory", choices=("on", "off"), default="on")
     parser.add_argument("--model", default="", help='the script\'s size: "--layers N --width W"')
+    parser.add_argument(
+        "--blocks", type=int, default=0, help="measure inside one run, in alternate blocks"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     rows = []
@@ -114,8 +172,11 @@ def main() -> int:
         root = Path(tmp)
         plain = unmodified(root / "hf_plain.py")
         for i in range(args.rounds):
-            without = run(root, f"plain-{i}", plain, args, job=False)
-            with_ = run(root, f"callback-{i}", SCRIPT, args, job=True)
+            if args.blocks:
+                without, with_ = in_blocks(run(root, f"blocks-{i}", SCRIPT, args, job=True))
+            else:
+                without = median_step(run(root, f"plain-{i}", plain, args, job=False))
+                with_ = median_step(run(root, f"callback-{i}", SCRIPT, args, job=True))
             rows.append((without, with_))
             print(
                 f"round {i + 1}: {without:.5f} {with_:.5f} {with_ / without:.4f}", file=sys.stderr
@@ -131,7 +192,7 @@ def main() -> int:
         f"{statistics.median(b for _, b in rows):.5f} / {statistics.median(a for a, _ in rows):.5f}"
     )
     if args.json:
-        out = {"rounds": rows, "memory": args.memory, "model": args.model}
+        out = {"rounds": rows, "memory": args.memory, "model": args.model, "blocks": args.blocks}
         args.json.write_text(json.dumps(out, indent=2))
     return 0
 

@@ -27,11 +27,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 
-from proto.job import MEMORY_STORE_PREFIX, memory_store_name, safe_name
+from proto.job import memory_store_name, safe_name
 from ringmaster.checkpoints import MANIFEST, Manifest, parse_step, read_manifest, step_dir_name
 
 SHM = Path("/dev/shm")
@@ -112,13 +113,12 @@ def remove_job_node(shm: Path, job_id: str, node: str) -> bool:
     return found
 
 
-def remove_node(shm: Path, node: str) -> list[Path]:
-    """Drop every job's store of ``node`` (a simulated node losing its RAM); the removed
-    dirs."""
+def remove_node(shm: Path, node: str, jobs: Iterable[str]) -> list[Path]:
+    """Drop ``node``'s stores of ``jobs`` (a simulated node losing its RAM: only the jobs
+    its own cluster ran there, since another cluster on this host may have a node of the
+    same name); the removed dirs."""
     removed = []
-    name = safe_name(node)
-    for job_dir in shm.glob(MEMORY_STORE_PREFIX + "*"):
-        if (job_dir / name).is_dir():
-            shutil.rmtree(job_dir / name, ignore_errors=True)
-            removed.append(job_dir / name)
+    for job in sorted(set(jobs)):
+        if remove_job_node(shm, job, node):
+            removed.append(shm / memory_store_name(job) / safe_name(node))
     return removed

@@ -96,6 +96,14 @@ class StepDisagreement(RuntimeError):
     """The ranks reached the boundary with different steps: a loop bug, one line."""
 
 
+class Agreed(NamedTuple):
+    """A user loop's agreement: the decision, the same on every rank, and the first step
+    whose boundary starts the next one."""
+
+    decision: Decision
+    next_at: int
+
+
 class StepControl:
     """The per-boundary exchange. ``enabled=False`` carries no control word at all (no fold,
     no broadcast): only the benchmark uses it, to measure what the word costs. ``group``:
@@ -128,30 +136,32 @@ class StepControl:
         self._sum(word)
         return _decision(word.tolist())
 
-    def agree(self, step: int) -> Callable[[], Decision]:
+    def agree(self, step: int, every: int = 1) -> Callable[[], Agreed]:
         """A user loop's boundary after ``step``, on every rank: starts one all-reduce of
-        the word and of ``step`` and its square, in the background, and returns what to
-        call for its result (the next boundary calls it, so the collective overlaps the
-        next step instead of waiting on the slower rank here). Every rank also learns,
-        alike, whether all of them reached the same step (:class:`StepDisagreement` on
-        every rank if not)."""
+        the word, of ``step`` and its square and of rank 0's ``every`` (in how many steps
+        the next agreement starts), in the background, and returns what to call for its
+        result (the next boundary calls it, so the collective overlaps the next step
+        instead of waiting on the slower rank here). Every rank also learns, alike,
+        whether all of them reached the same step (:class:`StepDisagreement` on every rank
+        if not)."""
         word = self._word(0.0)
-        vector = torch.tensor([*word, 1.0, step, step * step], dtype=torch.float64)
+        cadence = float(every) if self.rank == 0 else 0.0
+        vector = torch.tensor([*word, 1.0, step, step * step, cadence], dtype=torch.float64)
         work = None
         if dist.is_initialized():
             work = dist.all_reduce(vector, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 
-        def result() -> Decision:
+        def result() -> Agreed:
             if work is not None:
                 work.wait()
-            *total, ranks, steps, squares = vector.tolist()
+            *total, ranks, steps, squares, cadence = vector.tolist()
             if steps * steps != ranks * squares:  # equal only when every rank's is the same
                 raise StepDisagreement(
                     f"step {step} on rank {self.rank}, but the ranks' steps average "
                     f"{steps / ranks:g}: every rank must call step() once per step, with "
                     "the same step"
                 )
-            return _decision(total)
+            return Agreed(_decision(total), step + max(1, int(cadence)))
 
         return result
 

@@ -86,7 +86,8 @@ def _local(fault: Fault, node: str, home: Path) -> str | None:
             spares = [s.pid for s in live_spares(run_dir)]
             for pid in (agent, *(r.pid for r in ranks), *spares):
                 _signal(pid, signal.SIGKILL, quiet=True)
-            gone = memory_store.remove_node(memory_store.SHM, node)  # and its RAM
+            jobs = [p.name for p in (run_dir / "jobs").glob("*")]  # and its RAM
+            gone = memory_store.remove_node(memory_store.SHM, node, jobs)
             said = f"lost {node}: killed its agent (pid {agent}) and {len(ranks)} rank(s)"
             return said + (f", dropped {len(gone)} memory snapshot store(s)" if gone else "")
         case HangFault(rank=want):

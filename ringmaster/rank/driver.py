@@ -27,13 +27,18 @@ from trainer import memory_tier, stacks, termination
 from trainer.agent_link import AgentLink
 from trainer.beat import Beat
 from trainer.checkpoint import Checkpointer, default_staging_dir
-from trainer.control import NOTHING, StepControl, StepDisagreement
+from trainer.control import NOTHING, Agreed, StepControl, StepDisagreement
 from trainer.control import Decision as ControlDecision
 from trainer.coordination import Coordination
 from trainer.launch import Launch, SpecError, exit_record, read_launch
 from trainer.log import Log
 from trainer.thread_cpu import started_by
 
+# s: a user loop's ranks start their agreement on the step's decision at most this often
+# (every step when steps take longer). Each one is an all-reduce whose threads take the
+# cores from the step beside it: on two saturated cores about 2 ms, a tenth of a 20 ms
+# step. So a decision reaches such a loop within this long, not within its next step.
+AGREE_EVERY_S = 0.25
 # the memory tier's sparsest cadence, in steps, where the loop's framework writes the
 # durable checkpoints: the tier's own measured cost spaces the snapshots until then
 LOOP_SAVES_CAP = 1000
@@ -89,7 +94,10 @@ class Driver:
         self.ended = False
         self.stopped = False  # a stop was decided: the loop's end is "stopped"
         self.noticed = False  # a notice was decided: the loop's end is leaving
-        self._agreeing: Callable[[], ControlDecision] | None = None  # the boundary's, running
+        self._agreeing: Callable[[], Agreed] | None = None  # the boundary's, running
+        self._agree_at = 0  # the first step whose boundary starts the next agreement
+        self._agreed_every = 1  # steps from one agreement to the next, as last agreed
+        self._agree_from = 0  # the step whose boundary started the running agreement
         self.log("started", pid=os.getpid(), framework=framework, loop_saves=loop_saves)
 
     # -- state ------------------------------------------------------------------------------
@@ -227,8 +235,10 @@ class Driver:
             )
         session.periodic()
         ending = session.boundary(decision)
-        if ending is None:  # the next boundary's, folding the words that came until now
-            self._agreeing = session.control.agree(step)
+        if ending is None and step >= self._agree_at:
+            # the next boundary's, folding the words that came until now
+            self._agreeing = session.control.agree(step, self._cadence())
+            self._agree_from = step
         if ending == NOTICED:
             if not self.loop_saves:
                 session.leave_for_notice()  # does not return
@@ -242,16 +252,25 @@ class Driver:
         return CONTINUE
 
     def _agreed(self) -> ControlDecision:
-        """The result of the agreement the previous boundary started (nothing before the
-        first); a stall in it waits for a peer."""
+        """The result of the agreement a previous boundary started (nothing when none
+        runs); a stall in it waits for a peer."""
         agreeing, self._agreeing = self._agreeing, None
         if agreeing is None:
             return NOTHING
         with self.beat.in_collective():
             try:
-                return agreeing()
+                decision, self._agree_at = agreeing()
             except StepDisagreement as exc:
                 raise RankApiError(str(exc)) from None
+        if (every := self._agree_at - self._agree_from) != self._agreed_every:
+            self._agreed_every = every
+            self.log("agree_every", step=self._agree_from, steps=every)
+        return decision
+
+    def _cadence(self) -> int:
+        """Rank 0's word on how many steps until the next agreement (the other ranks'
+        count for nothing)."""
+        return agreement_every(self.beat.current.step_s)
 
     @contextlib.contextmanager
     def phase(self, name: str, bound_s: float | None) -> Iterator[None]:
@@ -300,6 +319,12 @@ class Driver:
         if self.link is not None:
             self.link.close()
         self.beat.stop()
+
+
+def agreement_every(step_s: float) -> int:
+    """Steps from one agreement to the next at a median step of ``step_s``: as many as fit
+    in ``AGREE_EVERY_S``, at least one (every step until a step time is known)."""
+    return max(1, int(AGREE_EVERY_S / step_s)) if step_s > 0 else 1
 
 
 def _coordination(launch: Launch) -> Coordination:

@@ -4,12 +4,12 @@ Lightning ``Trainer`` (examples/lightning_module.py), an accelerate loop
 without them.
 
 With them, one job of each goes through every reaction the built-in trainer gets: an NVMe
-spike pauses it within a step and its recovery resumes it; ``checkpoint`` writes the
-framework's own checkpoint at a step every rank agrees on; a killed rank and a lost node
-are back from the memory tier a few steps back; a stopped rank is found as hung with the
-culprit named; a spot notice checkpoints before its deadline and the next attempt loses no
-step; ``stop`` stops after a checkpoint; and the ledger agrees with the ranks' own step
-stamps.
+spike pauses it (within a step, or a quarter second where steps are shorter) and its
+recovery resumes it; ``checkpoint`` writes the framework's own checkpoint at a step every
+rank agrees on; a killed rank and a lost node are back from the memory tier a few steps
+back; a stopped rank is found as hung with the culprit named; a spot notice checkpoints
+before its deadline and the next attempt loses no step; ``stop`` stops after a
+checkpoint; and the ledger agrees with the ranks' own step stamps.
 
 Without them, the job says it has no reactions; ``pause`` and ``checkpoint`` are refused
 with the reason; a spike is said to go unheeded while the job trains on; and ``status``

@@ -174,6 +174,6 @@ def launch(tmp_path: Path, zygote: Zygote | None) -> Iterator[Launcher]:
         ranks.signal(signal.SIGKILL)
         ranks.wait(10)
     # a killed rank leaves its staged shard and its memory tier behind
-    shutil.rmtree(default_staging_dir(launcher.job_id, tmp_path), ignore_errors=True)
-    for job_id in launcher.job_ids:
+    for job_id in {launcher.job_id, *launcher.job_ids}:
+        shutil.rmtree(default_staging_dir(job_id, tmp_path), ignore_errors=True)
         shutil.rmtree(Path("/dev/shm") / memory_store_name(job_id), ignore_errors=True)

@@ -29,6 +29,7 @@ from proto.progress import (
 )
 from tests.trainer.conftest import REPO, free_port
 from tests.trainer.zygote import run
+from trainer.checkpoint import default_staging_dir
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -67,6 +68,9 @@ def test_a_user_loop_says_what_it_supports_and_pauses_checkpoints_and_stops_toge
     for rank in (0, 1):  # every rank acted at the same steps
         assert ranks.events(rank, "paused")[0]["step"] == str(paused.step)
         assert ranks.events(rank, "finished")[0]["step"] == str(finished.step)
+    # how often the ranks agree follows rank 0's step time, alike on every rank
+    every = [[(e["step"], e["steps"]) for e in ranks.events(r, "agree_every")] for r in (0, 1)]
+    assert every[0] == every[1], every
     agent.close()
 
 
@@ -179,8 +183,9 @@ def test_bad_use_is_one_line_naming_it_and_leaves_the_checkpoints_alone(
     (tmp_path / "misuse.py").write_text(script)
     try:
         code, stderr = run(zygote, [str(tmp_path / "misuse.py")], env, tmp_path, 120)
-    finally:
+    finally:  # what an agent removes once its ranks exit
         shutil.rmtree(Path("/dev/shm") / memory_store_name(job), ignore_errors=True)
+        shutil.rmtree(default_staging_dir(job, tmp_path), ignore_errors=True)
     assert code == 3, stderr
     named = [line for line in stderr.splitlines() if said in line]
     assert "Traceback" not in stderr and len(named) == 1, stderr

@@ -16,6 +16,7 @@ import pytest
 from proto.commands import CheckpointNow, Pause, Resume, Stop
 from proto.progress import ControlAction, ControlWord
 from ringmaster import rank_env
+from ringmaster.rank.driver import AGREE_EVERY_S, agreement_every
 from trainer.control import Action, fold
 from trainer.launch import SpecError, read_launch
 from trainer.log import Log, read
@@ -61,3 +62,11 @@ def test_a_line_after_a_progress_bar_s_carriage_return_is_read_whole() -> None:
         Log(0, 2)("step", step=100, step_s=0.2)
     [line] = read(out.getvalue())
     assert (line["event"], line["step"], line["attempt"]) == ("step", "100", "2")
+
+
+def test_a_loop_agrees_every_step_unless_its_steps_are_shorter_than_the_agreement_bound() -> None:
+    assert agreement_every(0.0) == 1  # no step time yet: every step
+    assert agreement_every(2 * AGREE_EVERY_S) == 1
+    assert agreement_every(AGREE_EVERY_S) == 1
+    assert agreement_every(0.02) == int(AGREE_EVERY_S / 0.02)  # 20 ms steps: every 12th
+    assert agreement_every(AGREE_EVERY_S / 3.5) == 3  # never later than the bound
