@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from proto.progress import (
     Finished,
     LoopReady,
     Paused,
+    PhaseChanged,
     Reaction,
     Resumed,
     StepDone,
@@ -120,6 +122,32 @@ def test_a_notice_checkpoints_at_one_step_then_the_ranks_leave(
     again = launch(spec, socket_path=agent.path, argv=loop(100_000))
     resumed = agent.wait_for(LoopReady, lambda m: m.resumed_from == "durable")
     assert resumed.step == saved.step
+    again.signal(signal.SIGKILL)
+    agent.close()
+
+
+def test_a_notice_during_a_phase_longer_than_its_grace_leaves_without_a_checkpoint(
+    tmp_path: Path, launch: Any, make_spec: Any
+) -> None:
+    """What a notice during a long evaluation gets: no step boundary comes, so every
+    rank leaves at ``RINGMASTER_NOTICE_GRACE_S`` with the notice's status and no new
+    checkpoint, and the next attempt resumes from the memory tier's last snapshot from
+    before the phase."""
+    agent = FakeAgent(tmp_path / "agent.sock")
+    spec = make_spec(checkpoint={"every_steps": 10_000, "memory_every_steps": 2})
+    argv = [str(REPO / "tests" / "trainer" / "long_phase_loop.py"), "8"]
+    grace = {"RINGMASTER_NOTICE_GRACE_S": "2"}
+    ranks = launch(spec, socket_path=agent.path, argv=argv, env=grace)
+    agent.wait_for(PhaseChanged, lambda m: m.entered and m.name == "eval")
+    noticed = time.monotonic()
+    ranks.signal(signal.SIGTERM)  # a preemption: the node's ranks all told
+    assert ranks.wait() == [143, 143]
+    assert time.monotonic() - noticed < 30, "left at the grace, not at the phase's end"
+    assert not agent.of(Checkpointed), "nothing checkpointed inside the phase"
+    reported = max(m.memory_step or 0 for m in agent.of(StepDone))
+    again = launch(spec, socket_path=agent.path, argv=argv, env={"RINGMASTER_ATTEMPT": "2"})
+    ready = agent.wait_for(LoopReady, lambda m: m.resumed_from == "memory")
+    assert 2 <= reported <= ready.step <= 8, (reported, ready.step)
     again.signal(signal.SIGKILL)
     agent.close()
 
