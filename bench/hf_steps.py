@@ -31,6 +31,8 @@ from transformers import TrainerCallback
 
 from trainer.log import Log
 
+BLOCKS = int(os.environ.get("RINGMASTER_BENCH_BLOCKS", "0"))
+
 
 class Stopwatch(TrainerCallback):
     def __init__(self) -> None:
@@ -50,9 +52,6 @@ class Stopwatch(TrainerCallback):
             said = {"on": int(_on(step))}
         self.log(f"{self.prefix}step", step=step, step_s=round(now - self.last, 6), **said)
         self.last = now
-
-
-BLOCKS = int(os.environ.get("RINGMASTER_BENCH_BLOCKS", "0"))
 
 
 def _on(step: int) -> bool:

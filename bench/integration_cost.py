@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -49,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cluster_harness import REPO, read_records
 from bench.trainer_bench import free_port
 from coordinator.rendezvous import cpu_slice
-from proto.job import memory_store_name, shm_staging_name
+from ringmaster.memory_store import remove_job_ram
 from trainer.fake_agent import FakeAgent
 
 SCRIPT = REPO / "examples" / "hf_trainer.py"
@@ -126,9 +125,7 @@ def run(root: Path, name: str, script: Path, args: argparse.Namespace, job: bool
     codes = [p.wait(1800) for p in procs]
     if agent is not None:
         agent.close()
-        # what an agent removes once its ranks exit: their RAM staging, the memory tier
-        for leftover in (shm_staging_name(job_id), memory_store_name(job_id)):
-            shutil.rmtree(Path("/dev/shm") / leftover, ignore_errors=True)
+        remove_job_ram(job_id)
     if codes != [0, 0]:
         raise RuntimeError(f"{name}: ranks exited {codes}; see {work}")
     steps = [r for r in read_records([work / "rank-0.log"]) if r.event == "watch_step"]

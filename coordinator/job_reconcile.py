@@ -6,14 +6,14 @@ and stops orphans as tasks, at most once per ``ORPHAN_RETRY_S`` each.
 
 An exit a beat lists is the agent's own ``worker.exited`` too, sent first but on the events
 stream, which a busy leader may read after the beat: it is reconciled only once listed for
-over ``MISSED_AFTER`` beat intervals, so the fact is recorded once, from the agent, and a
+over ``LASTING_BEATS`` beat intervals, so the fact is recorded once, from the agent, and a
 lost event still costs at most that long.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import structlog
 
@@ -27,7 +27,30 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 ORPHAN_RETRY_S = 10.0
-MISSED_AFTER = 1.5  # beat intervals a listed exit waits for the agent's own event
+LASTING_BEATS = 1.5  # beat intervals a finding must last before it is acted on
+K = TypeVar("K")
+
+
+class FirstSeen(Generic[K]):
+    """When each finding of the ticks was first made, for as long as every tick makes it
+    again: a beat can show what is already on its way to being true (a rank its stop has
+    just ended, an exit whose own event is still in flight), so such a finding is acted
+    on only once it has lasted :data:`LASTING_BEATS` beats."""
+
+    def __init__(self) -> None:
+        self.first: dict[K, float] = {}  # the findings of the last finished tick
+        self._tick: dict[K, float] = {}
+
+    def lasted(self, key: K, now: float, interval_s: float) -> bool:
+        self._tick[key] = first = self.first.get(key, now)
+        return now - first > LASTING_BEATS * interval_s
+
+    def tick_done(self) -> None:
+        """What this tick did not find again is forgotten."""
+        self.first, self._tick = self._tick, {}
+
+    def clear(self) -> None:
+        self.first, self._tick = {}, {}
 
 
 class Reconciler:
@@ -35,11 +58,8 @@ class Reconciler:
         self.m = manager
         self.since = time.monotonic()  # when this leader took over: beats before it prove nothing
         self._orphans_stopped: dict[tuple[str, str, int], float] = {}
-        # when each orphan was first reported: one beat can still show a rank its stop
-        # has just ended, so an orphan is acted on once reported for over a beat
-        self._orphans_seen: dict[tuple[str, str, int], float] = {}
-        # when a beat first listed each exit not yet recorded: (job, attempt, rank)
-        self._exits_seen: dict[tuple[str, int, int], float] = {}
+        self._orphans_seen = FirstSeen[tuple[str, str, int]]()  # (node, job, attempt)
+        self._exits_seen = FirstSeen[tuple[str, int, int]]()  # (job, attempt, rank)
 
     def reset(self) -> None:
         self.since = time.monotonic()
@@ -59,7 +79,6 @@ class Reconciler:
         m, now = self.m, time.monotonic()
         nodes = m.registry.nodes
         silent = m.registry.silent(list(nodes), now)
-        exits_seen: dict[tuple[str, int, int], float] = {}
         for job in list(m.jobs.values()):
             attempt, launched = m.launcher.launched_at.get(job.id, (0, self.since))
             answered = m.launcher.answered_at.get(job.id, {})
@@ -81,21 +100,18 @@ class Reconciler:
                 return node.beat_seen > launched + node.interval_s
 
             for found in job_findings(job, nodes, settled):
-                if isinstance(found, Exited):
-                    listed = (job.id, job.attempt, found.report.rank)
-                    exits_seen[listed] = first = self._exits_seen.get(listed, now)
-                    if now - first <= MISSED_AFTER * nodes[found.node].interval_s:
-                        continue  # the agent's own event may still be on its way
+                if isinstance(found, Exited) and not self._exits_seen.lasted(
+                    (job.id, job.attempt, found.report.rank), now, nodes[found.node].interval_s
+                ):
+                    continue  # the agent's own event may still be on its way
                 await m.publish(event := _exit_event(job, found))
                 log.warning("reconciled a rank's exit", job=job.id, message=event.message)
                 await m.on_event(event)
-        self._exits_seen = exits_seen
-        seen = {}
+        self._exits_seen.tick_done()
         for orphan in orphans(m.jobs, nodes, lambda n: n.id not in silent):
             report = orphan.report
             key = (orphan.node, report.job, report.attempt)
-            seen[key] = first = self._orphans_seen.get(key, now)
-            if now - first <= 1.5 * nodes[orphan.node].interval_s:
+            if not self._orphans_seen.lasted(key, now, nodes[orphan.node].interval_s):
                 continue
             if now - self._orphans_stopped.get(key, -1e18) < ORPHAN_RETRY_S:
                 continue
@@ -107,8 +123,9 @@ class Reconciler:
                 f"orphan:{orphan.node}",
                 m.stopper.kill(report.job, [orphan.node], why, attempt=report.attempt),
             )
-        self._orphans_seen = seen
+        self._orphans_seen.tick_done()
         # forget orphans no longer reported, so the record stays as small as what is seen
+        seen = self._orphans_seen.first
         self._orphans_stopped = {k: t for k, t in self._orphans_stopped.items() if k in seen}
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import msgspec
 
-from proto.job import memory_store_name, safe_name
+from proto.job import memory_store_name, safe_name, shm_staging_name
 from ringmaster.checkpoints import MANIFEST, Manifest, parse_step, read_manifest, step_dir_name
 
 SHM = Path("/dev/shm")
@@ -122,3 +122,11 @@ def remove_node(shm: Path, node: str, jobs: Iterable[str]) -> list[Path]:
         if remove_job_node(shm, job, node):
             removed.append(shm / memory_store_name(job) / safe_name(node))
     return removed
+
+
+def remove_job_ram(job_id: str, shm: Path = SHM) -> None:
+    """Drop all ``job_id`` holds in this host's RAM: its ranks' checkpoint staging and
+    every node's memory store — what ranks run without an agent (a test, a bench) leave
+    once killed, where an agent would clean up after them."""
+    shutil.rmtree(shm / shm_staging_name(job_id), ignore_errors=True)
+    shutil.rmtree(shm / memory_store_name(job_id), ignore_errors=True)

@@ -247,6 +247,11 @@ class JobDir:
         return Path(tempfile.gettempdir()) / f"ringmaster-{digest}.sock"
 
 
+def job_ids(run_dir: Path) -> list[str]:
+    """Every job the agent of ``run_dir`` has run (its job dirs), sorted."""
+    return sorted(p.name for p in (run_dir / "jobs").glob("*"))
+
+
 def beat_beside(spec: Path, rank: int) -> Path:
     """Rank ``rank``'s beat in the directory of the job spec ``spec``: how a rank finds it
     from ``$RINGMASTER_JOB_SPEC``."""

@@ -97,11 +97,11 @@ class StepDisagreement(RuntimeError):
 
 
 class Agreed(NamedTuple):
-    """A user loop's agreement: the decision, the same on every rank, and the first step
-    whose boundary starts the next one."""
+    """A user loop's agreement: the decision, the same on every rank, and in how many
+    steps from this agreement's the next one starts (rank 0's word)."""
 
     decision: Decision
-    next_at: int
+    every: int
 
 
 class StepControl:
@@ -161,7 +161,7 @@ class StepControl:
                     f"{steps / ranks:g}: every rank must call step() once per step, with "
                     "the same step"
                 )
-            return Agreed(_decision(total), step + max(1, int(cadence)))
+            return Agreed(_decision(total), max(1, int(cadence)))
 
         return result
 

@@ -44,7 +44,7 @@ from proto.net_faults import NET_FAULTS
 from proto.node import NodeRecord
 from ringmaster import memory_store
 from ringmaster.procs import pid_alive, read_pid
-from ringmaster.rundir import LiveRank, live_ranks, live_spares, sim_knobs
+from ringmaster.rundir import LiveRank, job_ids, live_ranks, live_spares, sim_knobs
 
 
 async def inject(s: Session, node: str, text: str, home: Path) -> str:
@@ -86,8 +86,7 @@ def _local(fault: Fault, node: str, home: Path) -> str | None:
             spares = [s.pid for s in live_spares(run_dir)]
             for pid in (agent, *(r.pid for r in ranks), *spares):
                 _signal(pid, signal.SIGKILL, quiet=True)
-            jobs = [p.name for p in (run_dir / "jobs").glob("*")]  # and its RAM
-            gone = memory_store.remove_node(memory_store.SHM, node, jobs)
+            gone = memory_store.remove_node(memory_store.SHM, node, job_ids(run_dir))  # its RAM
             said = f"lost {node}: killed its agent (pid {agent}) and {len(ranks)} rank(s)"
             return said + (f", dropped {len(gone)} memory snapshot store(s)" if gone else "")
         case HangFault(rank=want):

@@ -41,7 +41,7 @@ from ringmaster import memory_store
 from ringmaster.bus import connect
 from ringmaster.metrics import ANY_PORT
 from ringmaster.procs import pid_alive, read_pid, wait_until, wait_until_async
-from ringmaster.rundir import JobDir, live_ranks, live_spares, spare_dir
+from ringmaster.rundir import JobDir, job_ids, live_ranks, live_spares, spare_dir
 
 
 def metrics_flags(addr: str = "127.0.0.1") -> list[str]:
@@ -252,7 +252,7 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
     for run_dir in agent_run_dirs(directory):
         shutil.rmtree(spare_dir(run_dir), ignore_errors=True)  # their sockets
         node = run_dir.parent.name  # and the RAM its jobs' memory tier holds there
-        for job in sorted(p.name for p in (run_dir / "jobs").glob("*")):
+        for job in job_ids(run_dir):
             if memory_store.remove_job_node(memory_store.SHM, job, node):
                 stopped.append(f"memory snapshots of {job} on {node}")
             # a killed agent leaves its control socket, in the temp dir for deep run dirs

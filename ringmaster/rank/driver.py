@@ -95,9 +95,8 @@ class Driver:
         self.stopped = False  # a stop was decided: the loop's end is "stopped"
         self.noticed = False  # a notice was decided: the loop's end is leaving
         self._agreeing: Callable[[], Agreed] | None = None  # the boundary's, running
-        self._agree_at = 0  # the first step whose boundary starts the next agreement
-        self._agreed_every = 1  # steps from one agreement to the next, as last agreed
-        self._agree_from = 0  # the step whose boundary started the running agreement
+        self._agree_from = 0  # the step whose boundary started the last agreement
+        self._agree_every = 1  # steps from it to the next one, as it agreed
         self.log("started", pid=os.getpid(), framework=framework, loop_saves=loop_saves)
 
     # -- state ------------------------------------------------------------------------------
@@ -235,9 +234,11 @@ class Driver:
             )
         session.periodic()
         ending = session.boundary(decision)
-        if ending is None and step >= self._agree_at:
-            # the next boundary's, folding the words that came until now
-            self._agreeing = session.control.agree(step, self._cadence())
+        if ending is None and step >= self._agree_from + self._agree_every:
+            # the next boundary's, folding the words that came until now; rank 0 says
+            # how many steps of its median step time fit in AGREE_EVERY_S
+            every = agreement_every(self.beat.current.step_s)
+            self._agreeing = session.control.agree(step, every)
             self._agree_from = step
         if ending == NOTICED:
             if not self.loop_saves:
@@ -259,18 +260,13 @@ class Driver:
             return NOTHING
         with self.beat.in_collective():
             try:
-                decision, self._agree_at = agreeing()
+                decision, every = agreeing()
             except StepDisagreement as exc:
                 raise RankApiError(str(exc)) from None
-        if (every := self._agree_at - self._agree_from) != self._agreed_every:
-            self._agreed_every = every
+        if every != self._agree_every:
+            self._agree_every = every
             self.log("agree_every", step=self._agree_from, steps=every)
         return decision
-
-    def _cadence(self) -> int:
-        """Rank 0's word on how many steps until the next agreement (the other ranks'
-        count for nothing)."""
-        return agreement_every(self.beat.current.step_s)
 
     @contextlib.contextmanager
     def phase(self, name: str, bound_s: float | None) -> Iterator[None]:

@@ -203,8 +203,8 @@ async def test_a_missed_exit_is_found_by_reconciliation_within_a_beat() -> None:
     )
     await m.tick()  # the agent's own event, sent first, may still be on its way
     assert job.state is not RE and "worker.exited" not in c.kinds()
-    aged = {k: v - 10.0 for k, v in m.reconciler._exits_seen.items()}
-    m.reconciler._exits_seen = aged  # listed for over a beat and a half: it was missed
+    listed = m.reconciler._exits_seen
+    listed.first = {k: v - 10.0 for k, v in listed.first.items()}  # a beat and a half: missed
     await m.tick()
     assert job.state is RE and job.restarts == 1
     assert "from node-1's rank report" in job.reason
@@ -230,7 +230,8 @@ async def test_an_exit_listed_in_a_beat_before_its_event_arrives_is_recorded_onc
     exited = WorkerExited(node="node-1", job=job_id, rank=1, attempt=job.attempt, exit_code=1)
     c.events.append(exited)  # the agent's event, a beat late
     await m.on_event(exited)
-    m.reconciler._exits_seen = {k: v - 10.0 for k, v in m.reconciler._exits_seen.items()}
+    listed = m.reconciler._exits_seen
+    listed.first = {k: v - 10.0 for k, v in listed.first.items()}
     await m.tick()
     await m.settle()
     assert job.restarts == 1 and c.kinds().count("worker.exited") == 1, c.kinds()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import socket
 import time
@@ -20,9 +19,10 @@ from nodeagent.rankprobe import proc_stat
 from nodeagent.supervisor import Supervisor
 from proto.commands import Launch, RankSpec
 from proto.events import EventBase, WorkerHung
-from proto.job import JobSpec, memory_store_name
+from proto.job import JobSpec
 from proto.progress import Progress
 from ringmaster import rankbeat
+from ringmaster.memory_store import remove_job_ram
 from ringmaster.rundir import JobDir
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -123,4 +123,4 @@ async def test_a_stopped_trainer_rank_is_named_and_its_peer_is_a_victim(tmp_path
         await supervisor.stop("hang-1", force=True, grace_s=0)  # SIGKILL ends stopped ranks too
         await supervisor.close()
         # killed ranks leave their memory tier (the agent's sweep drops it much later)
-        shutil.rmtree(Path("/dev/shm") / memory_store_name("hang-1"), ignore_errors=True)
+        remove_job_ram("hang-1")

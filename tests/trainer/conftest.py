@@ -4,7 +4,6 @@ with the torchrun environment set by hand, its stderr in its own log file."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,9 +17,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from proto.job import JobSpec, memory_store_name
+from proto.job import JobSpec
+from ringmaster.memory_store import remove_job_ram
 from tests.trainer.zygote import Forked, Zygote
-from trainer.checkpoint import default_staging_dir
 from trainer.log import read
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,5 +174,4 @@ def launch(tmp_path: Path, zygote: Zygote | None) -> Iterator[Launcher]:
         ranks.wait(10)
     # a killed rank leaves its staged shard and its memory tier behind
     for job_id in {launcher.job_id, *launcher.job_ids}:
-        shutil.rmtree(default_staging_dir(job_id, tmp_path), ignore_errors=True)
-        shutil.rmtree(Path("/dev/shm") / memory_store_name(job_id), ignore_errors=True)
+        remove_job_ram(job_id)

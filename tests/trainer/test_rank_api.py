@@ -7,7 +7,6 @@ without an agent."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 import uuid
@@ -17,7 +16,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from proto.job import memory_store_name
 from proto.progress import (
     Checkpointed,
     ControlAction,
@@ -29,9 +27,9 @@ from proto.progress import (
     Resumed,
     StepDone,
 )
+from ringmaster.memory_store import remove_job_ram
 from tests.trainer.conftest import REPO, free_port
 from tests.trainer.zygote import run
-from trainer.checkpoint import default_staging_dir
 from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
@@ -211,9 +209,8 @@ def test_bad_use_is_one_line_naming_it_and_leaves_the_checkpoints_alone(
     (tmp_path / "misuse.py").write_text(script)
     try:
         code, stderr = run(zygote, [str(tmp_path / "misuse.py")], env, tmp_path, 120)
-    finally:  # what an agent removes once its ranks exit
-        shutil.rmtree(Path("/dev/shm") / memory_store_name(job), ignore_errors=True)
-        shutil.rmtree(default_staging_dir(job, tmp_path), ignore_errors=True)
+    finally:
+        remove_job_ram(job)
     assert code == 3, stderr
     named = [line for line in stderr.splitlines() if said in line]
     assert "Traceback" not in stderr and len(named) == 1, stderr
