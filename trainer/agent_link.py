@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from proto.progress import ControlWord, Progress
+from proto.progress import ControlAction, ControlWord, Progress
 from ringmaster.retry import retrying
 
 OUTBOX_LIMIT = 1024
@@ -43,6 +43,10 @@ class AgentLink:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agent-link", daemon=True)
         self.connections = 0  # how many times a connection was made (for logs and tests)
+        # checkpoint and stop words received and not yet carried out (a phase's watch
+        # honours them before the next boundary: ringmaster.rank.phase_watch)
+        self._asked: dict[ControlAction, int] = {}  # the newest word's seq
+        self._asked_lock = threading.Lock()
 
     def start(self) -> AgentLink:
         self._thread.start()
@@ -62,6 +66,17 @@ class AgentLink:
             while True:
                 words.append(self.controls.get_nowait())
         return words
+
+    def asked(self) -> dict[ControlAction, int]:
+        """The checkpoint and stop words that came and were not yet carried out, with the
+        newest one's seq."""
+        with self._asked_lock:
+            return dict(self._asked)
+
+    def acted(self, action: ControlAction) -> None:
+        """``action`` (a checkpoint or a stop) was carried out."""
+        with self._asked_lock:
+            self._asked.pop(action, None)
 
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Stop the link, first trying for ``flush_timeout_s`` to deliver what is queued."""
@@ -151,8 +166,13 @@ class AgentLink:
                 if not line.strip():
                     continue
                 try:
-                    self.controls.put(self._decoder.decode(line))
+                    word = self._decoder.decode(line)
                 except msgspec.DecodeError as exc:
                     print(f"agent-link: ignoring bad control line: {exc}", file=sys.stderr)
+                    continue
+                if word.action in (ControlAction.CHECKPOINT, ControlAction.STOP):
+                    with self._asked_lock:
+                        self._asked[ControlAction(word.action)] = word.seq
+                self.controls.put(word)
         dead.set()
         self._wake.set()

@@ -168,7 +168,7 @@ class Ringmaster:
         began = time.perf_counter()
         self._saving = True
         try:
-            with rank.phase("save"):
+            with rank.phase(rank.SAVING):
                 self.accelerator.save_state(str(path))
         finally:
             self._saving = False
@@ -180,7 +180,7 @@ class Ringmaster:
         if self._saving:
             return
         if not self._own_saves:
-            self._phases.enter_context(rank.phase("save"))
+            self._phases.enter_context(rank.phase(rank.SAVING))
         self._own_saves.append((Path(output_dir), time.perf_counter()))
 
     def _report_own_saves(self, step: int) -> None:

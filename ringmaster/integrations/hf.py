@@ -104,7 +104,7 @@ class RingmasterCallback(TrainerCallback):
         if control.should_evaluate:
             self._phases.enter_context(rank.phase("eval"))
         elif control.should_save:
-            self._phases.enter_context(rank.phase("save"))
+            self._phases.enter_context(rank.phase(rank.SAVING))
 
     def on_epoch_end(
         self,
@@ -126,7 +126,7 @@ class RingmasterCallback(TrainerCallback):
     ) -> None:
         self._phases.close()
         if control.should_save:  # the Trainer saves right after evaluating
-            self._phases.enter_context(rank.phase("save"))
+            self._phases.enter_context(rank.phase(rank.SAVING))
 
     def on_save(
         self,

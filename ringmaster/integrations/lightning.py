@@ -228,7 +228,7 @@ class RingmasterCallback(pl.Callback):
             return
         self._pending = trainer.global_step
         if self._phase is None:
-            self._enter("save")
+            self._enter(rank.SAVING)
 
     def _report_pending(self, trainer: pl.Trainer) -> None:
         """Report a checkpoint Lightning wrote since the last hook (every rank, alike)."""

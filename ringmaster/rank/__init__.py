@@ -27,10 +27,13 @@ A loop calls a handful of functions, on every rank, in this order::
   snapshots are taken inside, a pause blocks inside (no rank left in a collective) until
   resumed, and ``Decision.stop`` says to leave the loop.
 - **phases** (:func:`phase`): evaluation, data loading, anything long without steps is
-  counted under its own name and judged by its own bound by the hang watch.
+  counted under its own name and judged by its own bound by the hang watch. A notice or
+  a checkpoint asked for while every rank is inside a phase is saved there, within about
+  half a second (:mod:`ringmaster.rank.phase_watch`), as at the step before it; the
+  loop's own checkpoint writing (the phase :data:`SAVING`) is never cut short.
 - **signals**: a SIGTERM that is not the agent's own stop is a notice: the ranks
-  checkpoint at the next step they all reach, then exit; a handler a framework installed
-  is called too, not replaced.
+  checkpoint at the next step they all reach (or inside the phase they are all in), then
+  exit; a handler a framework installed is called too, not replaced.
 
 Loops whose framework writes the durable checkpoints itself (Hugging Face, Lightning,
 accelerate: :mod:`ringmaster.integrations`) open with ``init(loop_saves=True)``: a
@@ -53,11 +56,22 @@ from typing import Literal
 
 import torch
 
-from ringmaster.rank.driver import CONTINUE, Decision, Driver, RankApiError, from_env
+from ringmaster.rank.driver import (
+    CONTINUE,
+    SAVING_PHASE,
+    Decision,
+    Driver,
+    RankApiError,
+    from_env,
+)
 from ringmaster.rank.state import Stateful
+
+# the phase of a loop's own checkpoint writing: a notice waits for its end
+SAVING = SAVING_PHASE
 
 __all__ = [
     "CONTINUE",
+    "SAVING",
     "Decision",
     "RankApiError",
     "Stateful",
@@ -138,9 +152,10 @@ def step(
 
 @contextlib.contextmanager
 def phase(name: str, bound_s: float | None = None) -> Iterator[None]:
-    """A stretch without steps (``"eval"``, ``"data"``, ``"save"`` …): counted under its
-    name, and judged stalled by the hang watch only past ``bound_s`` seconds (None: the
-    job's hang threshold)."""
+    """A stretch without steps (``"eval"``, ``"data"``, :data:`SAVING` …): counted under
+    its name, and judged stalled by the hang watch only past ``bound_s`` seconds (None:
+    the job's hang threshold). Every rank enters the same phases at the same step; a
+    notice during one is saved inside it, unless it is :data:`SAVING`."""
     driver = _driver()
     if driver is None:
         yield

@@ -18,8 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from proto.progress import PhaseChanged, StepDone
+from proto.progress import ControlAction, PhaseChanged, StepDone
 from ringmaster import rank_env
+from ringmaster.rank.phase_watch import NOTHING as ASKS_NOTHING
+from ringmaster.rank.phase_watch import Asked, PhaseWatch
 from ringmaster.rank.session import NOTICED, STOPPED, Outcome, Session
 from ringmaster.rank.state import Objects, Registered, Stateful
 from ringmaster.rundir import STACKS_SIGNAL
@@ -42,6 +44,8 @@ AGREE_EVERY_S = 0.25
 # the memory tier's sparsest cadence, in steps, where the loop's framework writes the
 # durable checkpoints: the tier's own measured cost spaces the snapshots until then
 LOOP_SAVES_CAP = 1000
+# the phase name of a loop's own checkpoint writing (the integrations name it so)
+SAVING_PHASE = "save"
 
 
 class RankApiError(RuntimeError):
@@ -87,6 +91,7 @@ class Driver:
         self.optimizer: torch.optim.Optimizer | None = None
         self.objects: dict[str, Stateful] = {}
         self.session: Session | None = None
+        self.watch: PhaseWatch | None = None  # honours a notice inside a phase
         self.steps_run = 0
         self.last_step: int | None = None
         self.last_at = time.perf_counter()
@@ -130,9 +135,10 @@ class Driver:
         if self.session is not None:
             return self.session
         launch = self.launch
-        # two gloo groups: checkpoints gather in a persist thread while the loop agrees on
-        # its next step, and one group's collectives must never interleave from two threads
-        coord, control_group = _coordination(launch), _gloo_group()
+        # three gloo groups: checkpoints gather in a persist thread while the loop agrees on
+        # its next step and the phase watch compares notes, and one group's collectives
+        # must never interleave from two threads
+        coord, control_group, watch_group = _coordination(launch), _gloo_group(), _gloo_group()
         control = StepControl(
             launch.rank,
             torch.device("cpu"),
@@ -179,8 +185,33 @@ class Driver:
                 self.log("memory_tier", state=said)
             state = Registered(self.model, self.optimizer, coord.group)
             session.attach(checkpointer, state, Objects(self.objects))
+            save = session.save_in_phase
+            self.watch = PhaseWatch(watch_group, self._asks, lambda: session.step, save)
         self.session = session
         return session
+
+    def _asks(self) -> Asked:
+        """What this rank asks of the phase watch now: a notice's save, when the state can
+        be saved inside a phase; a checkpoint or stop word not yet carried out, unless
+        saved inside this phase already."""
+        session = self.session
+        if session is None or not session.can_save_in_phase:
+            return ASKS_NOTHING
+        words = self.link.asked() if self.link is not None else {}
+        # where the framework writes the durable checkpoints, a checkpoint word is its
+        # save at the next boundary; a stop's still gets the memory tier's snapshot here
+        kinds = (
+            (ControlAction.STOP,)
+            if self.loop_saves
+            else (ControlAction.CHECKPOINT, ControlAction.STOP)
+        )
+        wanted = [words[a] for a in kinds if a in words]
+        seq = max(wanted, default=0)
+        if termination.noticed():
+            return Asked(True, True, seq)
+        if session.saved_in_phase == session.step or not wanted:
+            return ASKS_NOTHING
+        return Asked(True, False, seq)
 
     def restore(self, loop_step: int | None) -> int:
         if self.session is not None:
@@ -277,10 +308,17 @@ class Driver:
         step = self.last_step or 0
         self._send_phase(PhaseChanged(step=step, name=name, entered=True, bound_s=bound_s))
         began = time.perf_counter()
+        # the loop's own checkpoint writing is never cut short: its files would be half
+        # written, and a notice during it is honoured where it ends
+        watch = self.watch if name != SAVING_PHASE else None
+        if watch is not None:
+            watch.enter()
         try:
             with self.beat.named(name, bound_s):
                 yield
         finally:
+            if watch is not None:
+                watch.leave()  # waits while every rank saves inside the phase
             seconds = time.perf_counter() - began
             self._send_phase(PhaseChanged(step=step, name=name, entered=False, seconds=seconds))
             # a step's time is the loop's own, not the phase's
@@ -309,6 +347,8 @@ class Driver:
         self.ended = True
         session = self._open()
         self._agreed()  # no collective is left running: what it decided comes too late
+        if self.watch is not None:
+            self.watch.close()
         if self.noticed:
             session.leave_for_notice()  # does not return
         session.finish(outcome or ("stopped" if self.stopped else "completed"))

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from proto.progress import (
     Checkpointed,
+    ControlAction,
     Finished,
     LoopReady,
     Paused,
@@ -92,6 +93,8 @@ class Session:
         self.restored: Restored | None = None
         self._announced = False
         self.paused = False
+        self.saved_in_phase: int | None = None  # the step saved inside a phase, if any
+        self._served_seq: int | None = None  # that save carried out the words up to it
         termination.honour_notices()  # a SIGTERM notice is now checkpointed at a boundary
 
     # -- state ------------------------------------------------------------------------------
@@ -265,7 +268,13 @@ class Session:
         before = self.beat.current.phase
         while True:
             ending = decision.action == Action.STOP or decision.notice
-            if (decision.checkpoint or ending) and not self.loop_saves:
+            served = self._served_seq
+            if decision.checkpoint:
+                self._served_seq = None  # once: every rank alike, as the decision is
+            if decision.checkpoint and not ending and served is not None and decision.seq <= served:
+                # carried out inside a phase since the word came (every rank knows alike)
+                self.log("checkpoint_served", step=self.step, seq=decision.seq)
+            elif (decision.checkpoint or ending) and not self.loop_saves:
                 self.checkpoint()
             if decision.notice:
                 self.log("notice", step=self.step, seq=decision.seq)
@@ -287,9 +296,40 @@ class Session:
                 return None
             decision = self.control.exchange(wait_s=PAUSE_POLL_S)
 
+    @property
+    def can_save_in_phase(self) -> bool:
+        """Whether the state of the last boundary can be saved inside a phase: as a durable
+        checkpoint this session writes, or a memory-tier snapshot."""
+        checkpointer = self.checkpointer
+        if checkpointer is None:
+            return False
+        return not self.loop_saves or checkpointer.memory is not None
+
+    def save_in_phase(self, notice: bool, seq: int) -> None:
+        """Every rank together, inside a phase (:mod:`ringmaster.rank.phase_watch`): save
+        the state of the last boundary as that boundary would have (a durable checkpoint,
+        or a memory-tier snapshot where the framework writes the durable ones); after a
+        notice, leave as there. ``seq``: the newest word it carries out (0: none)."""
+        checkpointer = self.checkpointer
+        if checkpointer is not None and self.saved_in_phase != self.step:
+            if not self.loop_saves:
+                self.checkpoint()
+            elif checkpointer.memory is not None and checkpointer.memory_last != self.step:
+                self.memory_snapshot()
+            self.saved_in_phase = self.step
+            # a durable checkpoint carries out the words; the framework's save is still due
+            self._served_seq = None if self.loop_saves else seq or None
+            tier = "durable" if not self.loop_saves else "memory"
+            self.log("saved_in_phase", step=self.step, tier=tier, notice=notice)
+        if notice:
+            self.log("notice", step=self.step, seq=0)
+            self.leave_for_notice()
+
     def checkpoint(self) -> None:
         """A durable checkpoint of the current step, asynchronous past its snapshot."""
         assert self.checkpointer is not None
+        if self.link is not None:
+            self.link.acted(ControlAction.CHECKPOINT)
         with self.beat.during(CHECKPOINT):
             stall = self.checkpointer.save(self.step, self._snapshot)
         in_memory = len(self.checkpointer.last_in_memory)  # serialised in the background

@@ -1,10 +1,12 @@
-"""A user loop whose evaluation after step ``argv[1]`` outlasts any notice's grace: what a
-notice during a long phase gets (``tests/trainer/test_rank_api.py``)."""
+"""A user loop with an evaluation after each step in ``argv[1]`` (comma-separated) that
+lasts until the file ``eval-STEP`` appears in ``argv[2]``: what a notice or a checkpoint
+request during a long phase gets (``tests/trainer/test_rank_api.py``)."""
 
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -15,7 +17,8 @@ from ringmaster import rank
 
 
 def main() -> None:
-    phase_after = int(sys.argv[1])
+    phases = {int(step) for step in sys.argv[1].split(",")}
+    release = Path(sys.argv[2])
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(8, 8))
@@ -29,9 +32,10 @@ def main() -> None:
         optimizer.step()
         if rank.step(step, loss=loss.item()).stop:
             break
-        if step == phase_after:
+        if step in phases:
             with rank.phase("eval"):
-                time.sleep(600)
+                while not (release / f"eval-{step}").exists():
+                    time.sleep(0.05)
     rank.finish()
     del model, optimizer
     dist.destroy_process_group()

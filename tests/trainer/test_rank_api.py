@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -124,28 +123,30 @@ def test_a_notice_checkpoints_at_one_step_then_the_ranks_leave(
     agent.close()
 
 
-def test_a_notice_during_a_phase_longer_than_its_grace_leaves_without_a_checkpoint(
+def test_a_checkpoint_asked_and_a_notice_during_a_long_phase_are_saved_inside_it(
     tmp_path: Path, launch: Any, make_spec: Any
 ) -> None:
-    """What a notice during a long evaluation gets: no step boundary comes, so every
-    rank leaves at ``RINGMASTER_NOTICE_GRACE_S`` with the notice's status and no new
-    checkpoint, and the next attempt resumes from the memory tier's last snapshot from
-    before the phase."""
+    """A long evaluation reaches no step boundary: a checkpoint asked for during it is
+    written inside it, at the step before it (once: the next boundary does not write it
+    again), and a notice during the next one checkpoints there and leaves long before its
+    grace; the next attempt resumes from that step, nothing lost."""
     agent = FakeAgent(tmp_path / "agent.sock")
     spec = make_spec(checkpoint={"every_steps": 10_000, "memory_every_steps": 2})
-    argv = [str(REPO / "tests" / "trainer" / "long_phase_loop.py"), "8"]
-    grace = {"RINGMASTER_NOTICE_GRACE_S": "2"}
+    argv = [str(REPO / "tests" / "trainer" / "long_phase_loop.py"), "8,16", str(tmp_path)]
+    grace = {"RINGMASTER_NOTICE_GRACE_S": "600"}  # leaving at the grace would time out
     ranks = launch(spec, socket_path=agent.path, argv=argv, env=grace)
-    agent.wait_for(PhaseChanged, lambda m: m.entered and m.name == "eval")
-    noticed = time.monotonic()
+    agent.wait_for(PhaseChanged, lambda m: m.entered and m.step == 8)
+    agent.send(ControlAction.CHECKPOINT)
+    assert agent.wait_for(Checkpointed).step == 8
+    assert not [m for m in agent.of(PhaseChanged) if not m.entered], "saved inside the phase"
+    (tmp_path / "eval-8").touch()
+    agent.wait_for(PhaseChanged, lambda m: m.entered and m.step == 16)
+    assert [m.step for m in agent.of(Checkpointed)] == [8], "the word was carried out once"
     ranks.signal(signal.SIGTERM)  # a preemption: the node's ranks all told
     assert ranks.wait() == [143, 143]
-    assert time.monotonic() - noticed < 30, "left at the grace, not at the phase's end"
-    assert not agent.of(Checkpointed), "nothing checkpointed inside the phase"
-    reported = max(m.memory_step or 0 for m in agent.of(StepDone))
+    assert [m.step for m in agent.of(Checkpointed)] == [8, 16]
     again = launch(spec, socket_path=agent.path, argv=argv, env={"RINGMASTER_ATTEMPT": "2"})
-    ready = agent.wait_for(LoopReady, lambda m: m.resumed_from == "memory")
-    assert 2 <= reported <= ready.step <= 8, (reported, ready.step)
+    assert agent.wait_for(LoopReady, lambda m: m.resumed_from != "fresh").step == 16
     again.signal(signal.SIGKILL)
     agent.close()
 
