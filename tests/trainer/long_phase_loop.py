@@ -1,6 +1,7 @@
 """A user loop with an evaluation after each step in ``argv[1]`` (comma-separated) that
 lasts until the file ``eval-STEP`` appears in ``argv[2]``: what a notice or a checkpoint
-request during a long phase gets (``tests/trainer/test_rank_api.py``)."""
+request during a long phase gets (``tests/trainer/test_rank_api.py``). ``--loop-saves``:
+as a loop whose framework writes the durable checkpoints (it writes none here)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ringmaster import rank
 def main() -> None:
     phases = {int(step) for step in sys.argv[1].split(",")}
     release = Path(sys.argv[2])
+    rank.init(loop_saves="--loop-saves" in sys.argv)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Linear(8, 8))

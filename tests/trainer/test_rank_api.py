@@ -151,6 +151,30 @@ def test_a_checkpoint_asked_and_a_notice_during_a_long_phase_are_saved_inside_it
     agent.close()
 
 
+def test_a_notice_during_a_long_phase_of_a_loop_that_saves_itself_is_a_memory_snapshot(
+    tmp_path: Path, launch: Any, make_spec: Any
+) -> None:
+    """Where the framework writes the durable checkpoints, nothing of ours can write one
+    inside its phase: the memory tier's snapshot of the step before the phase is taken
+    there (copied to the buddy) and the ranks leave; the next attempt resumes from it."""
+    agent = FakeAgent(tmp_path / "agent.sock")
+    spec = make_spec(checkpoint={"every_steps": 10_000, "memory_every_steps": 5})
+    argv = [str(REPO / "tests" / "trainer" / "long_phase_loop.py"), "8", str(tmp_path)]
+    argv.append("--loop-saves")
+    ranks = launch(
+        spec, socket_path=agent.path, argv=argv, env={"RINGMASTER_NOTICE_GRACE_S": "600"}
+    )
+    agent.wait_for(PhaseChanged, lambda m: m.entered and m.step == 8)
+    ranks.signal(signal.SIGTERM)
+    assert ranks.wait() == [143, 143]
+    assert ranks.events(0, "saved_in_phase")[0]["tier"] == "memory"
+    again = launch(spec, socket_path=agent.path, argv=argv, env={"RINGMASTER_ATTEMPT": "2"})
+    ready = agent.wait_for(LoopReady, lambda m: m.resumed_from != "fresh")
+    assert (ready.resumed_from, ready.step) == ("memory", 8)
+    again.signal(signal.SIGKILL)
+    agent.close()
+
+
 def test_the_same_loop_runs_unchanged_without_an_agent(tmp_path: Path, zygote: Any) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RINGMASTER_")} | {
         "RANK": "0",
