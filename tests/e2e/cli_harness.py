@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 from nats.errors import Error as NatsError
 
@@ -26,6 +27,9 @@ from coordinator.ctl.bus import session
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import agent_run_dirs, resolve, resolve_creds
 from coordinator.ctl.status import status_json
+from coordinator.ctl.tail import Filters
+from coordinator.ctl.tail import events as tail_events
+from proto.events import Severity
 from ringmaster.procs import wait_until
 from ringmaster.rundir import live_ranks
 
@@ -149,7 +153,7 @@ class Ctl:
             time.sleep(0.5)
         raise AssertionError(done.stderr)
 
-    def view(self, job: str, retries: int = 20) -> Status:
+    def view(self, job: str | None, retries: int = 20) -> Status:
         """What ``status JOB --json`` prints, read the same way in this process: a wait
         polls several times a second, and a ``coordinatorctl`` process per poll would
         keep most of a core busy beside the cluster under test."""
@@ -189,6 +193,37 @@ class Ctl:
         return [r.pid for d in agent_run_dirs(self.home) for r in live_ranks(d) if r.job == job]
 
     def events(self, *filters: str) -> list[Status]:
+        """What ``tail --no-follow --json *filters`` prints (``--job``, ``--node``,
+        ``--kind``, ``--severity``), read the same way in this process: scenarios poll it
+        twice a second, and a ``coordinatorctl`` process per poll is half a CPU-second
+        (``tail_via_cli`` runs the command itself)."""
+        pairs = dict(zip(filters[::2], filters[1::2], strict=True))
+        unknown = set(pairs) - {"--job", "--node", "--kind", "--severity"}
+        assert not unknown, f"events(): no filter {unknown}"
+        severity = pairs.get("--severity")
+        wanted = Filters(
+            node=pairs.get("--node"),
+            job=pairs.get("--job"),
+            kind=pairs.get("--kind"),
+            severity=Severity(severity) if severity else None,
+        )
+        url, cluster = resolve(self.env.get("RINGMASTER_NATS"), None, str(self.home))
+        creds = resolve_creds(self.env.get("RINGMASTER_CREDS"), str(self.home))
+
+        async def read() -> list[Status]:
+            async with session(url, cluster, creds) as s:
+                found = [e async for e in tail_events(s, wanted, None, follow=False)]
+            return [json.loads(json.dumps(msgspec.to_builtins(e))) for e in found]
+
+        for _ in range(20):
+            try:
+                return asyncio.run(read())
+            except (CtlError, NatsError, OSError) as exc:
+                error = exc
+                time.sleep(0.5)
+        raise AssertionError(f"events {filters}: {error}")
+
+    def tail_via_cli(self, *filters: str) -> list[Status]:
         out = self("tail", "--no-follow", "--json", *filters)
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 

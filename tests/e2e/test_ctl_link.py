@@ -45,7 +45,7 @@ def test_ctl_link_down_on_a_job_node_restarts_nothing(ctl: Ctl, tmp_path: Path, 
     down_at = time.time()
 
     def state() -> str:
-        return str(next(n["state"] for n in ctl.status()["nodes"] if n["id"] == node))
+        return str(next(n["state"] for n in ctl.view(None)["nodes"] if n["id"] == node))
 
     eventually(lambda: state() == "lost", 30, lambda: f"{node} never lost: {state()}", 0.5)
     time.sleep(max(0.0, 20 - (time.time() - down_at)))

@@ -95,7 +95,7 @@ def test_data_link_down_drains_the_node_and_the_job_goes_on_elsewhere(
     ctl("inject", "node-1", "link-down=data")
 
     def link_condition() -> dict[str, object] | None:
-        [node] = [n for n in ctl.status()["nodes"] if n["id"] == "node-1"]
+        [node] = [n for n in ctl.view(None)["nodes"] if n["id"] == "node-1"]
         open_ = [c for c in node["conditions"] if c["kind"] == "net.link"]
         return node if open_ and node["state"] == "draining" else None
 
@@ -111,7 +111,7 @@ def test_data_link_down_drains_the_node_and_the_job_goes_on_elsewhere(
     ctl("inject", "node-1", "clear")  # the link up again: the condition closes
 
     def closed() -> bool:
-        [node] = [n for n in ctl.status()["nodes"] if n["id"] == "node-1"]
+        [node] = [n for n in ctl.view(None)["nodes"] if n["id"] == "node-1"]
         return not [c for c in node["conditions"] if c["kind"] == "net.link"]
 
     eventually(closed, 30, lambda: "node-1's net.link stayed open after clear", 0.5)

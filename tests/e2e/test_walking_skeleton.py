@@ -96,6 +96,9 @@ def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> 
         [completed] = [e for e in history if e["kind"] == "job.completed"]
         assert completed["step"] == final["target_steps"]
 
+        # the operator's own command prints the same history
+        assert ctl.tail_via_cli("--job", job["id"])[: len(history)] == history
+
         nvme = [e for e in ctl.events("--node", "node-1") if e["kind"].startswith("nvme.latency")]
         spiked = {e["device"] for e in nvme if e["kind"] == "nvme.latency_spike"}
         recovered = {e["device"] for e in nvme if e["kind"] == "nvme.latency_recovered"}
