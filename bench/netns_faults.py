@@ -11,7 +11,7 @@ fault in ``--faults`` ``--repeats`` times, once the job has trained 20 steps sin
 - ``ctl``: ``inject <the job's first node> link-down=ctl`` for ``--hold`` s (20), then
   ``link-up=ctl``. Its agent loses the bus, and with it rank 0's word to the coordinator;
   its ranks, whose collectives cross ``data0``, must train on: no restart. Also timed:
-  its ``node.lost``, and the node ``ready`` again after the link came back.
+  its ``node.away`` (never a ``node.lost``), and the node ``ready`` again after.
 - ``partition``: ``inject <first node> partition=<second node>`` (blackhole routes both
   ways on the data network): the job restarts without the second (an even split: the
   side away from rank 0's node goes). Also timed: the first ``net.peer`` on the first
@@ -159,7 +159,7 @@ def ctl_round(ctl: Ctl, job: str, cap: float, hold: float) -> Round:
     if not steps:
         raise RuntimeError(f"{job} made no step after {node} lost ctl0")
     after = ctl.status(job)
-    events = since(ctl, fault_at, {"node.lost": ("--node", node)})
+    events = since(ctl, fault_at, {"node.away": ("--node", node)})
     events["ready_after_link_up"] = round(back_at - up_at, 2)
     during = {int(r.fields["step"]) for r in steps if r.wall <= up_at}
     events["steps_while_down"] = float(len(during))

@@ -69,6 +69,14 @@ class RefuseNode:
 
 
 @dataclass(frozen=True)
+class DeclareLost:
+    """An away node whose job's ranks stopped stepping is gone: ``node.lost``, once."""
+
+    node: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class DrainNode:
     node: str
     reason: str
@@ -106,6 +114,7 @@ Action = (
     | RestartJob
     | ReportStraggler
     | RefuseNode
+    | DeclareLost
     | DrainNode
     | ResyncNode
     | Unheeded

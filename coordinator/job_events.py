@@ -20,7 +20,7 @@ from coordinator.reconcile import peers_stepped_on
 from coordinator.recovery import Stopper
 from coordinator.registry import Registry
 from proto.conditions import Severity
-from proto.events import EventBase, JobAtRisk, NodeLost, SpotNotice, WorkerExited, WorkerHung
+from proto.events import EventBase, JobAtRisk, NodeAway, SpotNotice, WorkerExited, WorkerHung
 from proto.job import JobRecord
 from proto.node import NodeState
 
@@ -57,7 +57,7 @@ class EventInputs:
                 self._record(job, event)
             elif isinstance(event, WorkerExited | WorkerHung):
                 continue  # another job's rank: nothing to do with this one
-            if isinstance(event, NodeLost) and self._awaits_evidence(job, event):
+            if isinstance(event, NodeAway) and self._awaits_evidence(job, event):
                 continue
             if isinstance(event, WorkerHung) and self._holds_for_network(job, event):
                 continue
@@ -76,8 +76,8 @@ class EventInputs:
         for action in decided:
             await self.apply(job, action)
 
-    def _awaits_evidence(self, job: JobRecord, event: NodeLost) -> bool:
-        """Whether the verdict on a lost node of the live job waits for its peers' steps
+    def _awaits_evidence(self, job: JobRecord, event: NodeAway) -> bool:
+        """Whether the verdict on an away node of the live job waits for its peers' steps
         (:mod:`coordinator.loss_verdict`): the evidence that its ranks step on is due but
         not every other node of the job has beaten since."""
         node = self.registry.nodes.get(event.node or "")
@@ -110,13 +110,14 @@ class EventInputs:
     def _network_evidence(self, job: JobRecord) -> bool:
         return bool(suspects(job, self.registry.link_conditions(job.nodes)))
 
-    def _decidable(self, job: JobRecord, event: NodeLost, due: float) -> bool:
+    def _decidable(self, job: JobRecord, event: NodeAway, due: float) -> bool:
         """The peers prove the ranks step on, or every other node of the job that still
         beats has beaten after ``due`` (so its beat would show those steps), or none does."""
         if self._stepped_since_silent(job, event):
             return True
         peers = [self.registry.nodes.get(n) for n in job.nodes if n != event.node]
-        beating = [p for p in peers if p is not None and p.state is not NodeState.LOST]
+        gone = (NodeState.LOST, NodeState.AWAY)
+        beating = [p for p in peers if p is not None and p.state not in gone]
         return all(p.beat_seen >= due for p in beating)
 
     async def _warn_at_risk(self, job: JobRecord, node: str, window_s: float) -> None:
@@ -156,12 +157,12 @@ class EventInputs:
         )
 
     def _stepped_since_silent(self, job: JobRecord, event: EventBase) -> bool:
-        """For a node declared lost: rank 0 reported a step after the node had already
+        """For an away node: rank 0 reported a step after the node had already
         missed beats, or the ranks on the other nodes stepped on past rank 0's word (which
         comes through that very node when rank 0 is there: ``reconcile.peers_stepped_on``),
         so the job's ranks, that node's included, still step together."""
         node = self.registry.nodes.get(event.node or "")
-        if not isinstance(event, NodeLost) or node is None:
+        if not isinstance(event, NodeAway) or node is None:
             return False
         overdue = node.beat_seen + 1.5 * node.interval_s
         if self._stepped_at.get(job.id, -1e18) > overdue:

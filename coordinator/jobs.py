@@ -52,6 +52,7 @@ from proto.events import (
     JobRecovering,
     JobStopped,
     JobUnheeded,
+    NodeLost,
 )
 from proto.job import JobRecord, JobState
 from proto.node import NodeState
@@ -152,6 +153,8 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         """Carry out one action; ``job`` is None for node actions outside any job."""
         log.info("policy action", job=job.id if job else None, action=repr(action))
         match action:
+            case actions.DeclareLost(node=node, reason=reason):
+                await self._declare_lost(node, reason)
             case actions.DrainNode(node=node, reason=reason):
                 self.registry.drain(node, reason)
             case actions.ResyncNode(node=node, reason=reason):
@@ -194,6 +197,21 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                     )
                 )
         self._dirty.add(job.id)
+
+    async def _declare_lost(self, node_id: str, reason: str) -> None:
+        """An away node is lost: ``node.lost``, once (the first job's verdict)."""
+        node = self.registry.declare_lost(node_id)
+        if node is None:
+            return
+        silent = time.monotonic() - node.last_seen
+        await self.publish(
+            NodeLost(
+                node=node_id,
+                severity=Severity.CRITICAL,
+                missed_beats=self.registry.missed_beats,
+                message=f"{reason} (silent {silent:.1f} s)",
+            )
+        )
 
     async def _restart(self, job: JobRecord, action: actions.RestartJob) -> None:
         """Give the attempt up: count a failure against the budget (failing the job when
@@ -305,10 +323,10 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     async def tick(self) -> None:
         now = time.time()
         await self.reconciler.reconcile()
-        for job, lost in self._awaited.ready(self.jobs, time.monotonic(), self._decidable):
-            node = self.registry.nodes.get(lost.node or "")
-            if node is not None and node.state is NodeState.LOST:  # not beating again since
-                await self._decide(job, lost)
+        for job, away in self._awaited.ready(self.jobs, time.monotonic(), self._decidable):
+            node = self.registry.nodes.get(away.node or "")
+            if node is not None and node.state is NodeState.AWAY:  # not beating again since
+                await self._decide(job, away)
         for job, hung in hang_verdict.ready(self.jobs, now, self._network_evidence):
             await self._decide(job, hung)
         for job in list(self.jobs.values()):

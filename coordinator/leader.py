@@ -27,7 +27,7 @@ from coordinator.registry import NodeInfo, Registry
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
-from proto.events import NODE_REPORTED, EventBase, NodeLost, Severity, kind_of
+from proto.events import NODE_REPORTED, EventBase, NodeAway, NodeLost, Severity, kind_of
 from proto.node import NodeRecord
 from ringmaster.retry import backoff
 
@@ -180,13 +180,30 @@ class Leadership:
 
     async def _tick(self) -> None:
         now = time.monotonic()
-        for node in self.registry.sweep(now):
+        away, lost = self.registry.sweep(now)
+        for node in away:
+            ranks = sum(r.alive for r in node.ranks)
+            then = (
+                f"its job decides from its peers' steps whether its {ranks} rank(s) still run"
+                if ranks
+                else f"lost if it stays silent past {self.registry.away_grace_s:g} s"
+            )
+            await self.publish(
+                NodeAway(
+                    node=node.id,
+                    severity=Severity.WARNING,
+                    missed_beats=self.registry.missed_beats,
+                    message=f"agent away: no heartbeat for {now - node.last_seen:.1f} s; {then}",
+                )
+            )
+        for node in lost:
+            silent = now - node.last_seen
             await self.publish(
                 NodeLost(
                     node=node.id,
                     severity=Severity.CRITICAL,
                     missed_beats=self.registry.missed_beats,
-                    message=f"no heartbeat for {now - node.last_seen:.1f} s",
+                    message=f"no heartbeat for {silent:.1f} s, and no rank running there",
                 )
             )
         await self.jobs.tick()

@@ -1,9 +1,9 @@
 """When the verdict on a job's node that stopped beating may be given.
 
 A node whose agent is cut off from the bus (its control link down, its agent restarting)
-is declared lost after the registry's missed beats, while its ranks may still train over
-the data network. The evidence that they do is a rank on another node reporting, in its
-own node's heartbeat, a step two past rank 0's newest word
+is away after the registry's missed beats, while its ranks may still train over the data
+network; it is declared lost only when they do not. The evidence that they do is a rank
+on another node reporting, in its own node's heartbeat, a step two past rank 0's newest word
 (:func:`coordinator.reconcile.peers_stepped_on`). That evidence exists only two steps
 after rank 0's word, and is in a peer's heartbeat only once its rank has rewritten its
 beat file since. With short steps every peer has beaten since then by the time the node
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from proto.events import NodeLost
+from proto.events import NodeAway
 from proto.job import JobRecord
 from ringmaster.rankbeat import WRITE_EVERY_S
 
@@ -34,7 +34,7 @@ def evidence_at(stepped_at: float | None, step_s: float | None) -> float | None:
     return stepped_at + 2 * step_s + WRITE_EVERY_S + SLACK_S
 
 
-Decidable = Callable[[JobRecord, NodeLost, float], bool]
+Decidable = Callable[[JobRecord, NodeAway, float], bool]
 
 
 class AwaitedVerdicts:
@@ -43,15 +43,15 @@ class AwaitedVerdicts:
     new leader's registry declares a silent node lost again, and the verdict waits anew."""
 
     def __init__(self) -> None:
-        self._due: dict[tuple[str, int, str], tuple[NodeLost, float, float]] = {}
+        self._due: dict[tuple[str, int, str], tuple[NodeAway, float, float]] = {}
 
-    def wait(self, job: JobRecord, event: NodeLost, due: float, now: float) -> None:
+    def wait(self, job: JobRecord, event: NodeAway, due: float, now: float) -> None:
         if event.node is not None:
             self._due[(job.id, job.attempt, event.node)] = (event, due, now + MAX_WAIT_S)
 
     def ready(
         self, jobs: Mapping[str, JobRecord], now: float, decidable: Decidable
-    ) -> list[tuple[JobRecord, NodeLost]]:
+    ) -> list[tuple[JobRecord, NodeAway]]:
         """The verdicts to give now: those ``decidable`` from the peers' beats, and those
         waited on for :data:`MAX_WAIT_S`. A verdict for an attempt that has ended is
         dropped: that attempt's fate is decided."""

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from coordinator import loop_support, network_culprit
 from coordinator.actions import (
     Action,
+    DeclareLost,
     DrainNode,
     FinishJob,
     PauseJob,
@@ -27,7 +28,7 @@ from coordinator.actions import (
 from coordinator.job_machine import LIVE
 from coordinator.progress_policy import all_exited
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
-from proto.events import ClockResynced, EventBase, NodeLost, WorkerExited, WorkerHung
+from proto.events import ClockResynced, EventBase, NodeAway, WorkerExited, WorkerHung
 from proto.job import Failure, JobRecord, JobState
 from proto.progress import Reaction
 
@@ -99,13 +100,16 @@ def decide(
                 why += f"; {node} hung {job.hangs[node]} times, left out"
             failure = Failure(node=node, rank=rank, cause="hang", step=job.step)
             return [RestartJob(why, (node,) if repeated else (), failure)]
-        case NodeLost() if progressing:
+        case NodeAway() if progressing:
             # Its agent is silent but the ranks still step together, so its ranks are
-            # alive: a dead or restarting agent is no reason to throw work away.
+            # alive: a dead or restarting agent is no reason to throw work away (nor to
+            # call the node lost: it stays away until it beats again).
             return []
-        case NodeLost(node=str(node)):
+        case NodeAway(node=str(node)):
             failure = Failure(node=node, cause="node lost", step=job.step)
+            why = f"no heartbeat from {node}, and the ranks of {job.id} stopped stepping"
             return [
+                DeclareLost(node, why),
                 DrainNode(node, "heartbeat lost"),
                 RestartJob(f"node {node} lost", (node,), failure),
             ]

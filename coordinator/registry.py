@@ -78,14 +78,23 @@ class NodeInfo:
             self.state = NodeState.DEGRADED if self.faults() else NodeState.READY
 
 
+# s: an away node that hosts no running rank is declared lost after this long silent. It
+# covers an agent restarted by its supervisor (systemd's restart, an upgrade: seconds) so
+# that it is no page; a node with ranks is judged sooner, by its peers' steps.
+AWAY_GRACE_S = 15.0
+
+
 class Registry:
     """``bus_outage_s``: how long the coordinator's own canary may stay away before the
-    bus counts as out (see :meth:`bus_alive`)."""
+    bus counts as out (see :meth:`bus_alive`). ``away_grace_s``: :data:`AWAY_GRACE_S`."""
 
-    def __init__(self, missed_beats: int = 3, bus_outage_s: float = 1.5) -> None:
+    def __init__(
+        self, missed_beats: int = 3, bus_outage_s: float = 1.5, away_grace_s: float = AWAY_GRACE_S
+    ) -> None:
         self.nodes: dict[str, NodeInfo] = {}
         self.missed_beats = missed_beats
         self.bus_outage_s = bus_outage_s
+        self.away_grace_s = away_grace_s
         self._bus_seen: float | None = None  # None: no canary wired, the bus is assumed up
 
     def bus_alive(self, now: float) -> None:
@@ -126,7 +135,7 @@ class Registry:
         node.conditions = mirror
         if node.suspect_at is not None and now > node.suspect_at:
             node.suspect_at = None  # it answers after all
-        if node.state is NodeState.LOST:
+        if node.state in (NodeState.LOST, NodeState.AWAY):
             node.state = NodeState.READY
         node._settle()
         return node, fresh
@@ -153,18 +162,34 @@ class Registry:
             for key, cond in node.conditions.items()
         }
 
-    def sweep(self, now: float) -> list[NodeInfo]:
-        """Mark nodes lost after ``missed_beats`` intervals of silence; return the new ones.
-        While the bus itself is out, silence is no evidence: nobody is marked."""
+    def sweep(self, now: float) -> tuple[list[NodeInfo], list[NodeInfo]]:
+        """Nodes newly away (``missed_beats`` intervals of silence) and newly lost (away,
+        hosting no running rank, silent past ``away_grace_s``). While the bus itself is
+        out, silence is no evidence: nobody is marked. An away node with running ranks is
+        lost only on its job's verdict (:meth:`declare_lost`)."""
         if self.bus_out(now):
-            return []
-        lost = []
+            return [], []
+        away, lost = [], []
         for node in self.nodes.values():
             silent = now - node.last_seen
-            if node.state is not NodeState.LOST and silent > self.missed_beats * node.interval_s:
+            if node.state is NodeState.LOST or silent <= self.missed_beats * node.interval_s:
+                continue
+            if node.state is not NodeState.AWAY:
+                node.state = NodeState.AWAY
+                away.append(node)
+            if silent > self.away_grace_s and not any(r.alive for r in node.ranks):
                 node.state = NodeState.LOST
                 lost.append(node)
-        return lost
+        return away, lost
+
+    def declare_lost(self, node_id: str) -> NodeInfo | None:
+        """An away node's job found its ranks stopped: lost now. The node, when this
+        changed it (None when it is not away: beating again, or lost already)."""
+        node = self.nodes.get(node_id)
+        if node is None or node.state is not NodeState.AWAY:
+            return None
+        node.state = NodeState.LOST
+        return node
 
     def silent(self, nodes: list[str], now: float, beats: float = 1.5) -> frozenset[str]:
         """Those of ``nodes`` whose agent has been quiet for ``beats`` intervals (not yet
@@ -175,7 +200,7 @@ class Registry:
             node_id
             for node_id in nodes
             if (node := self.nodes.get(node_id)) is None
-            or node.state is NodeState.LOST
+            or node.state in (NodeState.LOST, NodeState.AWAY)
             or node.suspect_at is not None
             or now - node.last_seen > beats * node.interval_s
         )
@@ -199,5 +224,5 @@ class Registry:
 
     def drain(self, node_id: str, reason: str) -> None:
         node = self.nodes.get(node_id)
-        if node is not None and node.state is not NodeState.LOST:
+        if node is not None and node.state not in (NodeState.LOST, NodeState.AWAY):
             node.state, node.drain_reason = NodeState.DRAINING, reason

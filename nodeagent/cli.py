@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 
+from nodeagent import health_gate
 from nodeagent.config import AgentConfig, ConfigError, load
 from nodeagent.registry import build, preflight
 from nodeagent.sampling import close_all, run_once
@@ -55,6 +56,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--once", action="store_true", help="print one sample of every collector")
     p.add_argument(
         "--preflight", action="store_true", help="check the host; exit 1 if a required check fails"
+    )
+    p.add_argument(
+        "--health-gate",
+        action="store_true",
+        help="may this node take work? exit 1 naming its open conditions (Slurm Prolog, "
+        "HealthCheckProgram); 0 with a warning when the agent cannot be asked",
     )
     p.add_argument("--json", action="store_true", help="with --once or --preflight: JSON")
     p.add_argument("--log-json", action="store_true", help="log JSON lines")
@@ -107,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
+    if args.health_gate:
+        url = health_gate.metrics_url(config.metrics_addr, config.metrics_port)
+        code, line = health_gate.check(config.node, url)
+        print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
+        return code
     configure("nodeagent", json=args.log_json)
     if args.preflight:
         sample, status = run_once(preflight(config), time.time())

@@ -39,7 +39,18 @@ class NodeRegistered(EventBase, tag="node.registered"):
     simulated: bool = False
 
 
+class NodeAway(EventBase, tag="node.away"):
+    """Its agent missed its heartbeats: not yet lost (an agent restarting, a control link
+    down), the job's ranks there judged by their peers' steps (a warning)."""
+
+    last_seen: datetime | None = None
+    missed_beats: int = 0
+
+
 class NodeLost(EventBase, tag="node.lost"):
+    """Away, and its job's ranks stopped stepping (or it hosted none and stayed silent
+    past the agent-restart grace): gone (critical)."""
+
     last_seen: datetime | None = None
     missed_beats: int = 0
 
@@ -402,6 +413,7 @@ class CommandRefused(EventBase, tag="command.refused"):
 
 Event = (
     NodeRegistered
+    | NodeAway
     | NodeLost
     | NodeRefused
     | NodePreflight

@@ -10,12 +10,15 @@ from proto.conditions import Condition
 
 
 class NodeState(enum.StrEnum):
-    """ready → degraded (a fault is active) → ready; draining (no new ranks); lost
-    (3 missed heartbeats) → ready again on the next heartbeat."""
+    """ready → degraded (a fault is active) → ready; draining (no new ranks); away (its
+    agent missed 3 heartbeats: restarting, or cut off from the bus, or gone) → lost (the
+    job's ranks there stopped stepping, or no ranks and silent past the agent-restart
+    grace) → ready again on the next heartbeat (from away too)."""
 
     READY = "ready"
     DEGRADED = "degraded"
     DRAINING = "draining"
+    AWAY = "away"
     LOST = "lost"
 
 

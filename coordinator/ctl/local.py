@@ -207,7 +207,8 @@ async def await_nodes(
                     return False
             buckets = found[0]
             records, _ = await decoded(buckets.nodes, NodeRecord)
-            seen.update((r.id, r) for r in records if r.state is not NodeState.LOST)
+            gone = (NodeState.LOST, NodeState.AWAY)
+            seen.update((r.id, r) for r in records if r.state not in gone)
             return set(seen) >= set(local.nodes)
 
         await wait_until_async(all_seen, timeout, interval=0.2)

@@ -299,6 +299,7 @@ _COLOURS = {
     "paused": "yellow",
     "recovering": "yellow",
     "draining": "yellow",
+    "away": "yellow",
     "checkpointing": "cyan",
     "starting": "cyan",
     "pending": "cyan",

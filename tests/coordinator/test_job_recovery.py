@@ -22,7 +22,7 @@ from proto.events import (
     JobGrown,
     JobRewound,
     JobShrunk,
-    NodeLost,
+    NodeAway,
     SpotNotice,
     WorkerHung,
     WorkerStraggler,
@@ -94,7 +94,7 @@ async def test_a_lost_node_whose_ranks_still_step_is_not_restarted() -> None:
     quiet = c.registry.nodes["node-1"]
     quiet.last_seen = quiet.beat_seen = time.monotonic() - 5.0  # its agent went quiet
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))  # ... ranks still step
-    await m.on_event(NodeLost(node="node-1"))
+    await m.on_event(NodeAway(node="node-1"))
     assert job.state is JobState.RUNNING and job.restarts == 0
 
 
@@ -112,7 +112,7 @@ async def test_rank_0_silent_with_its_node_is_judged_by_its_peers_steps(
     peer = c.registry.nodes["node-1"]
     report = RankReport(job=job.id, rank=1, attempt=job.attempt, pid=1, alive=True)
     peer.ranks = [msgspec.structs.replace(report, last_step=job.step + ahead)]
-    await m.on_event(NodeLost(node="node-0"))
+    await m.on_event(NodeAway(node="node-0"))
     assert (job.state is JobState.RECOVERING) is restarted and job.restarts == int(restarted)
 
 
@@ -139,7 +139,7 @@ async def test_with_no_node_left_a_job_shrinks_to_min_nodes_and_grows_back() -> 
     c = Cluster(nodes=2)
     m = c.leader()
     job = await launched(c, m, min_nodes=1)
-    await m.on_event(NodeLost(node="node-1"))
+    await m.on_event(NodeAway(node="node-1"))
     await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-0"] and job.world_size == 1
@@ -166,7 +166,7 @@ async def test_without_min_nodes_a_job_waits_then_fails_with_the_reason() -> Non
     c = Cluster(nodes=2)
     m = c.leader()
     job = await launched(c, m)
-    await m.on_event(NodeLost(node="node-1"))
+    await m.on_event(NodeAway(node="node-1"))
     await m.settle()
     await m.start_pending(job)
     assert job.state is JobState.RECOVERING and "waiting for 2 healthy nodes" in job.reason
@@ -186,7 +186,7 @@ async def test_spares_are_held_for_the_job_and_replace_a_lost_node() -> None:
     await m.settle()
     await m.start_pending(m.jobs[other.job])  # node-3 alone is free: it must wait
     assert m.jobs[other.job].state is JobState.PENDING
-    await m.on_event(NodeLost(node="node-0"))
+    await m.on_event(NodeAway(node="node-0"))
     await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-1", "node-2"]

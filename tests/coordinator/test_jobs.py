@@ -30,7 +30,7 @@ from proto.events import (
     JobStarted,
     JobStopped,
     JobSubmitted,
-    NodeLost,
+    NodeAway,
     NodeRefused,
     NvmeLatencyRecovered,
     NvmeLatencySpike,
@@ -359,7 +359,7 @@ async def test_a_lost_node_while_paused_recovers_without_it() -> None:
     job = await running(c, m)
     await m.control(JobControl(job=job.id, action="pause"))
     await rank0(m, Paused(job=job.id, step=3))
-    await m.on_event(NodeLost(node="node-1"))
+    await m.on_event(NodeAway(node="node-1"))
     assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-1"]
     await m.settle()
     await m.start_pending(job)
@@ -522,5 +522,5 @@ async def test_a_dead_machine_costs_one_restart() -> None:
     await m.settle()
     await m.start_pending(job)
     assert job.nodes == ["node-0", "node-2"] and job.state is JobState.STARTING
-    await m.on_event(NodeLost(node="node-1"))
+    await m.on_event(NodeAway(node="node-1"))
     assert job.restarts == 1 and job.state is JobState.STARTING

@@ -14,7 +14,7 @@ from test_jobs import Cluster, rank0, spec
 from coordinator import loss_verdict
 from coordinator.jobs import JobManager
 from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
-from proto.events import NodeLost
+from proto.events import NodeAway
 from proto.job import JobRecord, JobState
 from proto.node import NodeState, RankReport
 from proto.progress import StepDone
@@ -28,8 +28,8 @@ async def slow_job_loses_rank_0s_node(c: Cluster, m: JobManager) -> JobRecord:
     job = await launched(c, m)
     job.step_s = 0.5
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))
-    c.registry.nodes["node-0"].state = NodeState.LOST  # as the leader's sweep marks it
-    await m.on_event(NodeLost(node="node-0"))
+    c.registry.nodes["node-0"].state = NodeState.AWAY  # as the leader's sweep marks it
+    await m.on_event(NodeAway(node="node-0"))
     assert job.state is JobState.RUNNING and job.restarts == 0  # the verdict waits
     await m.tick()
     assert job.state is JobState.RUNNING  # ... for the peer's next beat
@@ -89,8 +89,8 @@ async def test_peers_silent_too_end_the_wait_after_its_bound(
     job = await launched(c, m)
     job.step_s = 0.5
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))
-    c.registry.nodes["node-0"].state = NodeState.LOST
-    await m.on_event(NodeLost(node="node-0"))
+    c.registry.nodes["node-0"].state = NodeState.AWAY
+    await m.on_event(NodeAway(node="node-0"))
     await m.tick()
     assert job.state is JobState.RECOVERING and job.restarts == 1
 
@@ -114,7 +114,7 @@ def test_the_evidence_is_due_two_steps_and_a_beat_file_after_rank_0s_word() -> N
 def test_a_verdict_for_an_attempt_that_ended_is_dropped() -> None:
     job = JobRecord(id="j", name="j", spec=spec(2), attempt=1, state=JobState.RUNNING)
     awaited = AwaitedVerdicts()
-    awaited.wait(job, NodeLost(node="node-0"), due=10.0, now=0.0)
+    awaited.wait(job, NodeAway(node="node-0"), due=10.0, now=0.0)
     job.attempt = 2  # restarted meanwhile for another reason
     assert awaited.ready({"j": job}, now=100.0, decidable=lambda *_: True) == []
     job.attempt = 1

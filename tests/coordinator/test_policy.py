@@ -6,7 +6,7 @@ import pytest
 
 from coordinator import actions, policy, progress_policy
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
-from proto.events import ClockResynced, NodeLost, NvmeLatencySpike, WorkerExited
+from proto.events import ClockResynced, NodeAway, NodeLost, NvmeLatencySpike, WorkerExited
 from proto.job import Exclusion, Failure, JobRecord, JobSection, JobSpec, JobState
 
 
@@ -231,14 +231,23 @@ def test_a_hardware_thermal_slowdown_is_critical_below_the_threshold() -> None:
     assert policy.on_condition(job(), closed(slow)) == []
 
 
-def test_lost_node_drains_and_restarts_without_it() -> None:
-    decided = policy.decide(job(), NodeLost(node="node-0"))
+def test_an_away_node_whose_ranks_stopped_is_lost_drained_and_left_out() -> None:
+    decided = policy.decide(job(), NodeAway(node="node-0"))
     assert decided == [
+        actions.DeclareLost(
+            "node-0", "no heartbeat from node-0, and the ranks of t-1 stopped stepping"
+        ),
         actions.DrainNode("node-0", "heartbeat lost"),
         actions.RestartJob(
             "node node-0 lost", ("node-0",), Failure(node="node-0", cause="node lost")
         ),
     ]
+
+
+def test_an_away_node_whose_ranks_still_step_is_neither_lost_nor_restarted() -> None:
+    assert policy.decide(job(), NodeAway(node="node-0"), progressing=True) == []
+    # node.lost is the verdict's consequence, never a second cause
+    assert policy.decide(job(), NodeLost(node="node-0")) == []
 
 
 def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from coordinator.registry import NodeInfo, Registry
 from coordinator.rendezvous import admit, cpu_slice, plan
 from proto.conditions import Condition, ConditionKind, Severity
-from proto.node import Heartbeat, NodeState
+from proto.node import Heartbeat, NodeState, RankReport
 
 
 def node(i: int, *conditions: Condition, **kw: object) -> NodeInfo:
@@ -61,17 +61,34 @@ def test_cpu_affinity_splits_cores_evenly_or_not_at_all() -> None:
     assert cpu_slice(0, 1, 0) == []
 
 
-def test_registry_marks_lost_after_three_missed_beats_and_revives() -> None:
-    reg = Registry(missed_beats=3)
+def test_registry_marks_away_after_three_missed_beats_then_lost_past_the_grace() -> None:
+    """A silent node is away after three beats (an agent restarting is back well within
+    the grace, and no page); one hosting no running rank is lost past the grace."""
+    reg = Registry(missed_beats=3, away_grace_s=15.0)
     beat = Heartbeat(node="node-0", seq=1, sent_at=0.0, interval_s=1.0)
     _, fresh = reg.observe(beat, now=100.0)
     assert fresh
-    assert reg.sweep(now=102.9) == []
-    [lost] = reg.sweep(now=103.1)
-    assert lost.state is NodeState.LOST
-    assert reg.sweep(now=110.0) == []  # reported once
-    _, fresh = reg.observe(beat, now=111.0)
+    assert reg.sweep(now=102.9) == ([], [])
+    [away], [] = reg.sweep(now=103.1)
+    assert away.state is NodeState.AWAY
+    assert reg.sweep(now=110.0) == ([], [])  # said once
+    _, fresh = reg.observe(beat, now=111.0)  # an agent restart: back, not a new node
+    assert not fresh and reg.nodes["node-0"].state is NodeState.READY
+    reg.sweep(now=114.5)
+    [], [lost] = reg.sweep(now=126.5)
+    assert lost.state is NodeState.LOST and reg.sweep(now=200.0) == ([], [])
+    _, fresh = reg.observe(beat, now=201.0)
     assert fresh and reg.nodes["node-0"].state is NodeState.READY
+
+
+def test_an_away_node_with_running_ranks_is_lost_only_on_its_job_s_verdict() -> None:
+    reg = Registry(missed_beats=3, away_grace_s=15.0)
+    rank = RankReport(job="j", rank=1, attempt=1, pid=42, alive=True)
+    reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0, interval_s=1.0, ranks=[rank]), now=0.0)
+    [away], [] = reg.sweep(now=3.5)
+    assert reg.sweep(now=60.0) == ([], [])  # its ranks may train on: no grace runs out
+    assert reg.declare_lost("n") is away and away.state is NodeState.LOST
+    assert reg.declare_lost("n") is None  # once
 
 
 def spike(since: float, active: bool = True) -> Condition:
@@ -169,17 +186,17 @@ def test_silence_while_the_bus_is_out_is_not_node_loss() -> None:
         reg.observe(Heartbeat(node=node, seq=1, sent_at=0.0, interval_s=1.0), now=0.0)
     reg.bus_alive(0.0)
     reg.bus_alive(1.0)
-    assert reg.sweep(now=2.0) == []
+    assert reg.sweep(now=2.0) == ([], [])
     # the server freezes for 20 s: no beat and no canary gets through
-    assert reg.bus_out(now=20.0) and reg.sweep(now=20.0) == []
+    assert reg.bus_out(now=20.0) and reg.sweep(now=20.0) == ([], [])
     reg.bus_alive(20.0)  # back: every node gets a fresh window
     reg.observe(Heartbeat(node="node-0", seq=2, sent_at=21.0, interval_s=1.0), now=21.0)
     for t in (21.0, 22.0):
         reg.bus_alive(t)
-    assert not reg.bus_out(22.9) and reg.sweep(now=22.9) == []  # 2.9 s since the outage
+    assert not reg.bus_out(22.9) and reg.sweep(now=22.9) == ([], [])  # 2.9 s since the outage
     reg.bus_alive(23.0)
-    [lost] = reg.sweep(now=23.1)  # node-1 stayed silent with the bus up: that is evidence
-    assert lost.id == "node-1"
+    [away], [] = reg.sweep(now=23.1)  # node-1 stayed silent with the bus up: that is evidence
+    assert away.id == "node-1"
 
 
 def test_silent_nodes_are_those_quiet_for_one_and_a_half_beats() -> None:

@@ -59,6 +59,8 @@ def test_a_job_completes_across_an_agent_restart(ctl: Ctl, tmp_path: Path) -> No
     gate.touch()
     final = ctl.wait(job, lambda s: s["state"] == "completed", timeout=300)
     assert final["step"] == 60 and final["restarts"] == 0
+    # an agent restart is no page: away at most (a warning), never lost
+    assert not ctl.events("--kind", "node.lost"), ctl.events("--kind", "node.*")
 
 
 @pytest.mark.timeout(600)

@@ -1,7 +1,7 @@
 """A job node's control link down on ``up --netns``: its agent is off the bus, so the
-coordinator loses the node, but the ranks' collectives cross ``data0`` and they train on.
-No restart, whichever node it is: rank 0's (whose word the silent agent relays) or the
-other."""
+node is away to the coordinator, but the ranks' collectives cross ``data0`` and they
+train on. No restart and no ``node.lost``, whichever node it is: rank 0's (whose word the
+silent agent relays) or the other."""
 
 from __future__ import annotations
 
@@ -33,10 +33,11 @@ def read_rank_logs(jobdir: Path) -> list[dict[str, str]]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("which", [0, 1], ids=["rank-0-node", "other-node"])
 def test_ctl_link_down_on_a_job_node_restarts_nothing(ctl: Ctl, tmp_path: Path, which: int) -> None:
-    """A job node's agent off the bus for 20 s: the node is lost to the coordinator, but
-    its ranks' collectives cross data0 and they train on, which the coordinator tells
-    from rank 0's word or, when that comes through the silent node, from the other
-    node's beat; no restart. The agent comes back, the node is ready, nothing moved."""
+    """A job node's agent off the bus for 20 s: the node is away to the coordinator (a
+    warning), but its ranks' collectives cross data0 and they train on, which the
+    coordinator tells from rank 0's word or, when that comes through the silent node,
+    from the other node's beat; no restart, and the node is never declared lost. The
+    agent comes back, the node is ready, nothing moved."""
     ctl("up", "--netns", "--nodes", "2")
     job = ctl.start("tiny.toml", "train.steps=100000", f"checkpoint.dir={tmp_path / 'ckpt'}")
     before = ctl.wait(job, lambda s: s["step"] >= 5)
@@ -47,7 +48,7 @@ def test_ctl_link_down_on_a_job_node_restarts_nothing(ctl: Ctl, tmp_path: Path, 
     def state() -> str:
         return str(next(n["state"] for n in ctl.view(None)["nodes"] if n["id"] == node))
 
-    eventually(lambda: state() == "lost", 30, lambda: f"{node} never lost: {state()}", 0.5)
+    eventually(lambda: state() == "away", 30, lambda: f"{node} never away: {state()}", 0.5)
     time.sleep(max(0.0, 20 - (time.time() - down_at)))
     during = ctl.view(job)
     trained = steps_logged(ctl, job, down_at)
@@ -57,3 +58,6 @@ def test_ctl_link_down_on_a_job_node_restarts_nothing(ctl: Ctl, tmp_path: Path, 
     eventually(lambda: state() == "ready", 60, lambda: f"{node} stayed {state()}", 0.5)
     after = ctl.wait(job, lambda s: s["step"] >= trained[-1] + 5)
     assert after["restarts"] == 0 and after["nodes"] == before["nodes"], after
+    [away] = ctl.events("--kind", "node.away")
+    assert away["node"] == node and away["severity"] == "warning", away
+    assert not ctl.events("--kind", "node.lost"), "an agent off the bus was called lost"

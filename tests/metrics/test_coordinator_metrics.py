@@ -19,7 +19,7 @@ def test_leadership_and_nodes_by_state() -> None:
     assert value(f["ringmaster_coordinator_leader"], coordinator="coordinator-0") == 1
     assert value(f["ringmaster_coordinator_epoch"], coordinator="coordinator-0") == 12
     nodes = {s.labels["state"]: s.value for s in f["ringmaster_nodes"].samples}
-    assert nodes == {"ready": 1, "degraded": 1, "draining": 0, "lost": 1}
+    assert nodes == {"ready": 1, "degraded": 1, "draining": 0, "away": 0, "lost": 1}
 
 
 def test_job_series() -> None:

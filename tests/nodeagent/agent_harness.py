@@ -109,14 +109,17 @@ def agent(
     run_dir: Path,
     extra: list[str] | None = None,
     env: dict[str, str] | None = None,
+    metrics_port: int = 0,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """``nodeagent`` with this config; its log goes to ``run_dir/agent.log``."""
+    """``nodeagent`` with this config; its log goes to ``run_dir/agent.log``.
+    ``metrics_port``: 0, no ``/metrics`` (the default port would clash with another
+    test's)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "nodeagent.cli", "--config", str(config), "--node", node]
     argv += ["--cluster", cluster, "--nats", nats_url, "--run-dir", str(run_dir)]
     argv += ["--advertise-addr", "127.0.0.1", "--log-json"]
     argv += ["--warm-ranks", "0", *(extra or [])]  # no ranks here: no spare interpreters
-    argv += ["--metrics-port", "0"]  # its fixed default port would clash with another test's
+    argv += ["--metrics-port", str(metrics_port)]
     with (run_dir / "agent.log").open("wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **(env or {})}
@@ -131,6 +134,20 @@ def agent(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def health_gate(config: Path, node: str, metrics_port: int) -> subprocess.CompletedProcess[str]:
+    """``nodeagent --health-gate`` as Slurm's Prolog would run it on the node."""
+    argv = [sys.executable, "-m", "nodeagent.cli", "--config", str(config), "--node", node]
+    argv += ["--metrics-port", str(metrics_port), "--health-gate"]
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class NotifySocket:

@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 import pytest
-from agent_harness import NotifySocket, Tap, agent, kind
+from agent_harness import NotifySocket, Tap, agent, free_port, health_gate, kind
 from gpu_stub import GpuNode
 
 from coordinator.embedded_nats import NatsServer
@@ -193,13 +193,23 @@ async def test_published_events_match_the_golden_file(
         mark = len(tap.events)
 
     run_dir = tmp_path / "agent"
+    port = free_port()
     try:
         with agent(
-            config, node=NODE, cluster=CLUSTER, nats_url=nats_server.url, run_dir=run_dir, env=env
+            config,
+            node=NODE,
+            cluster=CLUSTER,
+            nats_url=nats_server.url,
+            run_dir=run_dir,
+            env=env,
+            metrics_port=port,
         ) as proc:
             await step("start", kind("node.registered"), kind("node.preflight"), kind("topology"))
             beat = await tap.beat(lambda b: len(b.telemetry.gpus) == 2 and len(b.collectors) >= 7)
             assert beat.conditions == []
+            gate = health_gate(config, NODE, port)  # the scheduler's check: a healthy node
+            assert (gate.returncode, gate.stderr) == (0, ""), gate
+            assert gate.stdout.startswith(f"ringmaster: {NODE} may take work"), gate
             assert beat.telemetry.clock_offset_ms == pytest.approx(0.812345)
 
             tree("sysfs_nvme_t1")  # nvme1n1: 500 µs over the window, read-only, 3 in flight
@@ -240,6 +250,10 @@ async def test_published_events_match_the_golden_file(
             beat = await tap.beat(lambda b: keys(b) == faults)
             thermal = next(c for c in beat.conditions if c.kind is ConditionKind.GPU_THERMAL)
             assert (thermal.severity, thermal.value) == ("critical", 95.0)
+            gate = health_gate(config, NODE, port)  # refused, naming what is open, one line
+            assert gate.returncode == 1 and len(gate.stdout.splitlines()) == 1, gate
+            for named in ("nvme.readonly nvme0n1 (critical)", "gpu.thermal 1 (critical)"):
+                assert named in gate.stdout, gate
 
             set_in_flight(root, "nvme1n1", 0)  # its stalled I/Os drain: idle now
             (root / "sys" / "block" / "nvme1n1" / "ro").write_text("0\n")
@@ -265,6 +279,9 @@ async def test_published_events_match_the_golden_file(
             proc.send_signal(signal.SIGTERM)
             await step("sigterm", kind("spot.notice", provider="sigterm"))
             assert await anyio.to_thread.run_sync(proc.wait, 10) == 0
+        gate = health_gate(config, NODE, port)  # a stopped agent drains nothing
+        assert gate.returncode == 0 and gate.stdout == "", gate
+        assert gate.stderr.startswith(f"warning: ringmaster: cannot ask {NODE}'s agent"), gate
     finally:
         await tap.close()
         metadata.stop()
