@@ -188,25 +188,18 @@ class Leadership:
                 if ranks
                 else f"lost if it stays silent past {self.registry.away_grace_s:g} s"
             )
-            await self.publish(
-                NodeAway(
-                    node=node.id,
-                    severity=Severity.WARNING,
-                    missed_beats=self.registry.missed_beats,
-                    message=f"agent away: no heartbeat for {now - node.last_seen:.1f} s; {then}",
-                )
-            )
+            silent = f"agent away: no heartbeat for {now - node.last_seen:.1f} s; {then}"
+            await self.publish(self._silence(NodeAway, node.id, Severity.WARNING, silent))
         for node in lost:
-            silent = now - node.last_seen
-            await self.publish(
-                NodeLost(
-                    node=node.id,
-                    severity=Severity.CRITICAL,
-                    missed_beats=self.registry.missed_beats,
-                    message=f"no heartbeat for {silent:.1f} s, and no rank running there",
-                )
-            )
+            silent = f"no heartbeat for {now - node.last_seen:.1f} s, and no rank running there"
+            await self.publish(self._silence(NodeLost, node.id, Severity.CRITICAL, silent))
         await self.jobs.tick()
+
+    def _silence(
+        self, kind: type[NodeAway | NodeLost], node: str, severity: Severity, message: str
+    ) -> NodeAway | NodeLost:
+        missed = self.registry.missed_beats
+        return kind(node=node, severity=severity, missed_beats=missed, message=message)
 
     async def _write_nodes(self) -> None:
         """Node records go to KV when what an operator sees changes (state, conditions,

@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,7 +23,7 @@ import pytest
 from nats.errors import Error as NatsError
 
 from coordinator.ctl import netns as ns
-from coordinator.ctl.bus import session
+from coordinator.ctl.bus import Session, session
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import agent_run_dirs, resolve, resolve_creds
 from coordinator.ctl.status import status_json
@@ -157,21 +157,30 @@ class Ctl:
         """What ``status JOB --json`` prints, read the same way in this process: a wait
         polls several times a second, and a ``coordinatorctl`` process per poll would
         keep most of a core busy beside the cluster under test."""
+
+        async def read(s: Session) -> Status:
+            data: Status = json.loads(json.dumps(await status_json(s, job)))
+            return data
+
+        return self._in_process(read, f"status {job}", retries)
+
+    def _in_process(self, read: Callable[[Session], Awaitable[T]], what: str, retries: int) -> T:
+        """``read`` on a session of this cluster's, as ``coordinatorctl`` would open it;
+        a transient bus error (a server failing over) is retried."""
         url, cluster = resolve(self.env.get("RINGMASTER_NATS"), None, str(self.home))
         creds = resolve_creds(self.env.get("RINGMASTER_CREDS"), str(self.home))
 
-        async def read() -> Status:
+        async def run() -> T:
             async with session(url, cluster, creds) as s:
-                data: Status = json.loads(json.dumps(await status_json(s, job)))
-                return data
+                return await read(s)
 
         for _ in range(retries):
             try:
-                return asyncio.run(read())
+                return asyncio.run(run())
             except (CtlError, NatsError, OSError) as exc:
                 error = exc
                 time.sleep(0.5)
-        raise AssertionError(f"status {job}: {error}")
+        raise AssertionError(f"{what}: {error}")
 
     def wait(self, job: str, pred: Callable[[Status], bool], timeout: float = 200) -> Status:
         """The job's status once ``pred`` holds; fails at once if the job ends otherwise."""
@@ -207,21 +216,12 @@ class Ctl:
             kind=pairs.get("--kind"),
             severity=Severity(severity) if severity else None,
         )
-        url, cluster = resolve(self.env.get("RINGMASTER_NATS"), None, str(self.home))
-        creds = resolve_creds(self.env.get("RINGMASTER_CREDS"), str(self.home))
 
-        async def read() -> list[Status]:
-            async with session(url, cluster, creds) as s:
-                found = [e async for e in tail_events(s, wanted, None, follow=False)]
+        async def read(s: Session) -> list[Status]:
+            found = [e async for e in tail_events(s, wanted, None, follow=False)]
             return [json.loads(json.dumps(msgspec.to_builtins(e))) for e in found]
 
-        for _ in range(20):
-            try:
-                return asyncio.run(read())
-            except (CtlError, NatsError, OSError) as exc:
-                error = exc
-                time.sleep(0.5)
-        raise AssertionError(f"events {filters}: {error}")
+        return self._in_process(read, f"events {filters}", 20)
 
     def tail_via_cli(self, *filters: str) -> list[Status]:
         out = self("tail", "--no-follow", "--json", *filters)
