@@ -15,8 +15,10 @@ any rank has left its phase, the watches stop and the next boundary decides as u
 
 A loop's exit from a phase never waits on a round that is still gathering: it waits only
 while its rank holds, which it does only in a round right after every rank was inside.
-Phases that not every rank enters (a rank-0-only logging phase) leave a watch waiting in
-its round until the others enter one; nothing else waits on it.
+Phases that not every rank enters (an evaluation on the main process only, a common
+accelerate pattern) are not watched: that rank's watch waits in its round until the others
+enter a phase, nothing else waits on it but the loop's end (at most :data:`CLOSE_S`), and
+a notice during such a phase keeps the grace.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 ROUND_S = 0.5  # how often the watches of ranks inside a phase compare what they hold
-CLOSE_S = 10.0  # the most the loop's end waits for the watches' last round
+CLOSE_S = 3.0  # the most the loop's end waits for the watches' last round
 
 
 @dataclass(frozen=True)
