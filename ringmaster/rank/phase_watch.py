@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 ROUND_S = 0.5  # how often the watches of ranks inside a phase compare what they hold
-CLOSE_S = 3.0  # the most the loop's end waits for the watches' last round
+CLOSE_S = 10.0  # the most the loop's end waits for the watches' last round
 
 
 @dataclass(frozen=True)
