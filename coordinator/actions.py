@@ -70,7 +70,8 @@ class RefuseNode:
 
 @dataclass(frozen=True)
 class DeclareLost:
-    """An away node whose job's ranks stopped stepping is gone: ``node.lost``, once."""
+    """An away node whose job's ranks stopped stepping is gone: ``node.lost``, once (the
+    leader's next sweep publishes it)."""
 
     node: str
     reason: str

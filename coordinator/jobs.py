@@ -52,7 +52,6 @@ from proto.events import (
     JobRecovering,
     JobStopped,
     JobUnheeded,
-    NodeLost,
 )
 from proto.job import JobRecord, JobState
 from proto.node import NodeState
@@ -154,7 +153,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         log.info("policy action", job=job.id if job else None, action=repr(action))
         match action:
             case actions.DeclareLost(node=node, reason=reason):
-                await self._declare_lost(node, reason)
+                self.registry.declare_lost(node, reason)  # the leader's sweep says it
             case actions.DrainNode(node=node, reason=reason):
                 self.registry.drain(node, reason)
             case actions.ResyncNode(node=node, reason=reason):
@@ -197,21 +196,6 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                     )
                 )
         self._dirty.add(job.id)
-
-    async def _declare_lost(self, node_id: str, reason: str) -> None:
-        """An away node is lost: ``node.lost``, once (the first job's verdict)."""
-        node = self.registry.declare_lost(node_id)
-        if node is None:
-            return
-        silent = time.monotonic() - node.last_seen
-        await self.publish(
-            NodeLost(
-                node=node_id,
-                severity=Severity.CRITICAL,
-                missed_beats=self.registry.missed_beats,
-                message=f"{reason} (silent {silent:.1f} s)",
-            )
-        )
 
     async def _restart(self, job: JobRecord, action: actions.RestartJob) -> None:
         """Give the attempt up: count a failure against the budget (failing the job when

@@ -191,7 +191,7 @@ class Leadership:
             silent = f"agent away: no heartbeat for {now - node.last_seen:.1f} s; {then}"
             await self.publish(self._silence(NodeAway, node.id, Severity.WARNING, silent))
         for node in lost:
-            silent = f"no heartbeat for {now - node.last_seen:.1f} s, and no rank running there"
+            silent = f"no heartbeat for {now - node.last_seen:.1f} s; {node.lost_reason}"
             await self.publish(self._silence(NodeLost, node.id, Severity.CRITICAL, silent))
         await self.jobs.tick()
 

@@ -107,7 +107,7 @@ def decide(
             return []
         case NodeAway(node=str(node)):
             failure = Failure(node=node, cause="node lost", step=job.step)
-            why = f"no heartbeat from {node}, and the ranks of {job.id} stopped stepping"
+            why = f"the ranks of {job.id} stopped stepping"
             return [
                 DeclareLost(node, why),
                 DrainNode(node, "heartbeat lost"),

@@ -38,6 +38,7 @@ class NodeInfo:
     jobs: list[str] = field(default_factory=list)
     conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
     drain_reason: str = ""
+    lost_reason: str = ""  # why it was declared lost, besides its silence
     metrics_url: str = ""  # the agent's Prometheus endpoint
     # when its agent failed to answer a ping (coordinator's monotonic clock); a beat
     # received after it clears it
@@ -95,6 +96,7 @@ class Registry:
         self.missed_beats = missed_beats
         self.bus_outage_s = bus_outage_s
         self.away_grace_s = away_grace_s
+        self._declared: list[NodeInfo] = []  # lost on a job's verdict since the last sweep
         self._bus_seen: float | None = None  # None: no canary wired, the bus is assumed up
 
     def bus_alive(self, now: float) -> None:
@@ -164,12 +166,13 @@ class Registry:
 
     def sweep(self, now: float) -> tuple[list[NodeInfo], list[NodeInfo]]:
         """Nodes newly away (``missed_beats`` intervals of silence) and newly lost (away,
-        hosting no running rank, silent past ``away_grace_s``). While the bus itself is
-        out, silence is no evidence: nobody is marked. An away node with running ranks is
-        lost only on its job's verdict (:meth:`declare_lost`)."""
+        hosting no running rank, silent past ``away_grace_s``; or declared lost since).
+        While the bus itself is out, silence is no evidence: nobody is marked. An away
+        node with running ranks is lost only on its job's verdict (:meth:`declare_lost`)."""
+        lost, self._declared = self._declared, []
         if self.bus_out(now):
-            return [], []
-        away, lost = [], []
+            return [], lost
+        away = []
         for node in self.nodes.values():
             silent = now - node.last_seen
             if node.state is NodeState.LOST or silent <= self.missed_beats * node.interval_s:
@@ -178,17 +181,19 @@ class Registry:
                 node.state = NodeState.AWAY
                 away.append(node)
             if silent > self.away_grace_s and not any(r.alive for r in node.ranks):
-                node.state = NodeState.LOST
+                node.state, node.lost_reason = NodeState.LOST, "no rank running there"
                 lost.append(node)
         return away, lost
 
-    def declare_lost(self, node_id: str) -> NodeInfo | None:
-        """An away node's job found its ranks stopped: lost now. The node, when this
-        changed it (None when it is not away: beating again, or lost already)."""
+    def declare_lost(self, node_id: str, reason: str) -> NodeInfo | None:
+        """An away node's job found its ranks stopped (``reason``): lost now, and among
+        the next sweep's lost. The node, when this changed it (None when it is not away:
+        beating again, or lost already)."""
         node = self.nodes.get(node_id)
         if node is None or node.state is not NodeState.AWAY:
             return None
-        node.state = NodeState.LOST
+        node.state, node.lost_reason = NodeState.LOST, reason
+        self._declared.append(node)
         return node
 
     def silent(self, nodes: list[str], now: float, beats: float = 1.5) -> frozenset[str]:

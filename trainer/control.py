@@ -155,7 +155,7 @@ class StepControl:
             if work is not None:
                 work.wait()
             *total, ranks, steps, squares, cadence = vector.tolist()
-            if steps * steps != ranks * squares:  # equal only when every rank's is the same
+            if not same_on_every_rank(ranks, steps, squares):
                 raise StepDisagreement(
                     f"step {step} on rank {self.rank}, but the ranks' steps average "
                     f"{steps / ranks:g}: every rank must call step() once per step, with "
@@ -214,6 +214,12 @@ class StepControl:
             with contextlib.suppress(queue.Empty):
                 words = [self.link.controls.get(timeout=wait_s), *self.link.drain()]
         return words
+
+
+def same_on_every_rank(ranks: float, total: float, squares: float) -> bool:
+    """Whether every rank gave the same value, from one sum of the ranks' count, their
+    values and their values' squares (equal only then: no second collective needed)."""
+    return total * total == ranks * squares
 
 
 def _decision(word: list[float]) -> Decision:

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from trainer.control import same_on_every_rank
+
 ROUND_S = 0.5  # how often the watches of ranks inside a phase compare what they hold
 CLOSE_S = 10.0  # the most the loop's end waits for the watches' last round
 
@@ -93,7 +95,7 @@ def vector(mine: Mine) -> list[float]:
 
 def decide(totals: Totals) -> Next:
     """What every rank does after a round, alike on all of them (they read one sum)."""
-    same_step = totals.steps * totals.steps == totals.ranks * totals.squares
+    same_step = same_on_every_rank(totals.ranks, totals.steps, totals.squares)
     if totals.inside < totals.ranks or not same_step:
         return Next.END
     if totals.held == totals.ranks:
@@ -181,8 +183,6 @@ class PhaseWatch:
             self._release()
             if after is Next.END:
                 with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
                     while self._depth > 0:
                         self._cond.wait()
                 return

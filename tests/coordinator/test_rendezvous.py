@@ -87,8 +87,10 @@ def test_an_away_node_with_running_ranks_is_lost_only_on_its_job_s_verdict() -> 
     reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0, interval_s=1.0, ranks=[rank]), now=0.0)
     [away], [] = reg.sweep(now=3.5)
     assert reg.sweep(now=60.0) == ([], [])  # its ranks may train on: no grace runs out
-    assert reg.declare_lost("n") is away and away.state is NodeState.LOST
-    assert reg.declare_lost("n") is None  # once
+    assert reg.declare_lost("n", "the ranks of j stopped stepping") is away
+    assert away.state is NodeState.LOST
+    assert reg.declare_lost("n", "again") is None  # once
+    assert reg.sweep(now=61.0) == ([], [away]) and away.lost_reason.startswith("the ranks")
 
 
 def spike(since: float, active: bool = True) -> Condition:
