@@ -161,8 +161,27 @@ class EventInputs:
         missed beats, or the ranks on the other nodes stepped on past rank 0's word (which
         comes through that very node when rank 0 is there: ``reconcile.peers_stepped_on``),
         so the job's ranks, that node's included, still step together."""
-        node = self.registry.nodes.get(event.node or "")
-        if not isinstance(event, NodeAway) or node is None:
+        if not isinstance(event, NodeAway):
+            return False
+        return self._steps_there(job, event.node or "")
+
+    def vouch_for_away_nodes(self) -> None:
+        """Every tick: an away node of a live job whose ranks still step is vouched for,
+        so that its grace does not run out (:meth:`Registry.vouch`); one that no job
+        vouches for is lost once it does."""
+        now = time.monotonic()
+        for job in self.jobs.values():
+            if job.state not in job_machine.LIVE:
+                continue
+            for node_id in job.nodes:
+                node = self.registry.nodes.get(node_id)
+                away = node is not None and node.state is NodeState.AWAY
+                if away and self._steps_there(job, node_id):
+                    self.registry.vouch(node_id, now)
+
+    def _steps_there(self, job: JobRecord, node_id: str) -> bool:
+        node = self.registry.nodes.get(node_id)
+        if node is None:
             return False
         overdue = node.beat_seen + 1.5 * node.interval_s
         if self._stepped_at.get(job.id, -1e18) > overdue:

@@ -307,6 +307,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     async def tick(self) -> None:
         now = time.time()
         await self.reconciler.reconcile()
+        self.vouch_for_away_nodes()
         for job, away in self._awaited.ready(self.jobs, time.monotonic(), self._decidable):
             node = self.registry.nodes.get(away.node or "")
             if node is not None and node.state is NodeState.AWAY:  # not beating again since

@@ -182,12 +182,10 @@ class Leadership:
         now = time.monotonic()
         away, lost = self.registry.sweep(now)
         for node in away:
-            ranks = sum(r.alive for r in node.ranks)
-            then = (
-                f"its job decides from its peers' steps whether its {ranks} rank(s) still run"
-                if ranks
-                else f"lost if it stays silent past {self.registry.away_grace_s:g} s"
-            )
+            grace = self.registry.away_grace_s
+            then = f"lost unless it beats again or its job's ranks step on ({grace:g} s)"
+            if sum(r.alive for r in node.ranks):
+                then = f"its job decides from its peers' steps; {then}"
             silent = f"agent away: no heartbeat for {now - node.last_seen:.1f} s; {then}"
             await self.publish(self._silence(NodeAway, node.id, Severity.WARNING, silent))
         for node in lost:

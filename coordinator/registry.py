@@ -39,6 +39,9 @@ class NodeInfo:
     conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
     drain_reason: str = ""
     lost_reason: str = ""  # why it was declared lost, besides its silence
+    # while away: when a job last showed its ranks there still stepping (coordinator's
+    # monotonic clock); the grace before it is lost counts from then
+    vouched_at: float = 0.0
     metrics_url: str = ""  # the agent's Prometheus endpoint
     # when its agent failed to answer a ping (coordinator's monotonic clock); a beat
     # received after it clears it
@@ -79,9 +82,10 @@ class NodeInfo:
             self.state = NodeState.DEGRADED if self.faults() else NodeState.READY
 
 
-# s: an away node that hosts no running rank is declared lost after this long silent. It
-# covers an agent restarted by its supervisor (systemd's restart, an upgrade: seconds) so
-# that it is no page; a node with ranks is judged sooner, by its peers' steps.
+# s: an away node is declared lost after this long silent with no job showing its ranks
+# there still stepping. It covers an agent restarted by its supervisor (systemd's restart,
+# an upgrade: seconds) so that it is no page; a job's node is judged sooner, by its
+# peers' steps (:meth:`Registry.declare_lost`).
 AWAY_GRACE_S = 15.0
 
 
@@ -165,10 +169,10 @@ class Registry:
         }
 
     def sweep(self, now: float) -> tuple[list[NodeInfo], list[NodeInfo]]:
-        """Nodes newly away (``missed_beats`` intervals of silence) and newly lost (away,
-        hosting no running rank, silent past ``away_grace_s``; or declared lost since).
-        While the bus itself is out, silence is no evidence: nobody is marked. An away
-        node with running ranks is lost only on its job's verdict (:meth:`declare_lost`)."""
+        """Nodes newly away (``missed_beats`` intervals of silence) and newly lost (away
+        past ``away_grace_s`` since its last beat or its last :meth:`vouch`; or declared
+        lost since). While the bus itself is out, silence is no evidence: nobody is
+        marked."""
         lost, self._declared = self._declared, []
         if self.bus_out(now):
             return [], lost
@@ -180,10 +184,16 @@ class Registry:
             if node.state is not NodeState.AWAY:
                 node.state = NodeState.AWAY
                 away.append(node)
-            if silent > self.away_grace_s and not any(r.alive for r in node.ranks):
-                node.state, node.lost_reason = NodeState.LOST, "no rank running there"
+            if now - max(node.last_seen, node.vouched_at) > self.away_grace_s:
+                node.state, node.lost_reason = NodeState.LOST, "no job's ranks step there"
                 lost.append(node)
         return away, lost
+
+    def vouch(self, node_id: str, now: float) -> None:
+        """A job shows the away node's ranks still stepping: its grace starts again."""
+        node = self.nodes.get(node_id)
+        if node is not None and node.state is NodeState.AWAY:
+            node.vouched_at = now
 
     def declare_lost(self, node_id: str, reason: str) -> NodeInfo | None:
         """An away node's job found its ranks stopped (``reason``): lost now, and among

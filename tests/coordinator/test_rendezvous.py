@@ -81,16 +81,25 @@ def test_registry_marks_away_after_three_missed_beats_then_lost_past_the_grace()
     assert fresh and reg.nodes["node-0"].state is NodeState.READY
 
 
-def test_an_away_node_with_running_ranks_is_lost_only_on_its_job_s_verdict() -> None:
+def test_an_away_node_is_kept_while_a_job_vouches_for_it_else_lost_past_the_grace() -> None:
+    """An away node whose job shows its ranks stepping stays away; its job's verdict can
+    declare it lost at once; a node nobody vouches for (a dead one whose job restarted
+    elsewhere, its last beat still listing ranks) is lost past the grace."""
     reg = Registry(missed_beats=3, away_grace_s=15.0)
     rank = RankReport(job="j", rank=1, attempt=1, pid=42, alive=True)
-    reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0, interval_s=1.0, ranks=[rank]), now=0.0)
-    [away], [] = reg.sweep(now=3.5)
-    assert reg.sweep(now=60.0) == ([], [])  # its ranks may train on: no grace runs out
-    assert reg.declare_lost("n", "the ranks of j stopped stepping") is away
-    assert away.state is NodeState.LOST
+    for node in ("n", "dead"):
+        beat = Heartbeat(node=node, seq=1, sent_at=0.0, interval_s=1.0, ranks=[rank])
+        reg.observe(beat, now=0.0)
+    away, [] = reg.sweep(now=3.5)
+    assert {n.id for n in away} == {"n", "dead"}
+    reg.vouch("n", now=10.0)
+    [], [dead] = reg.sweep(now=16.0)
+    assert dead.id == "dead" and dead.lost_reason == "no job's ranks step there"
+    [node] = [n for n in away if n.id == "n"]
+    assert reg.declare_lost("n", "the ranks of j stopped stepping") is node
+    assert node.state is NodeState.LOST
     assert reg.declare_lost("n", "again") is None  # once
-    assert reg.sweep(now=61.0) == ([], [away]) and away.lost_reason.startswith("the ranks")
+    assert reg.sweep(now=17.0) == ([], [node]) and node.lost_reason.startswith("the ranks")
 
 
 def spike(since: float, active: bool = True) -> Condition:

@@ -68,6 +68,14 @@ def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: 
     ctl("inject", noticed, "spot-notice=20")
     third = restarted(ctl, job, 3)
     assert noticed not in third["nodes"]
+    # the machine lost at the start was paged once, as lost (its job restarted without it)
+    [lost] = eventually(
+        lambda: [e for e in ctl.events("--kind", "node.lost") if e["node"] == master] or None,
+        60,
+        lambda: f"{master} never declared lost: {ctl.events('--node', master)}",
+        0.5,
+    )
+    assert lost["severity"] == "critical", lost
     events = ctl.events("--job", job)
     [recovering] = [e for e in events if e["kind"] == "job.recovering"][2:3]
     assert "preemption" in recovering["reason"]
