@@ -106,6 +106,7 @@ class Unheeded:
 class FinishJob:
     state: JobState
     reason: str
+    requeue: bool = False  # its scheduler's allocation cannot carry it on: requeue it
 
 
 Action = (

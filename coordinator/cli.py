@@ -10,15 +10,19 @@ import socket
 import sys
 from pathlib import Path
 
+import structlog
+
 from coordinator.metrics import RETENTION_S
 from coordinator.service import Coordinator
 from proto.subjects import check_token
+from ringmaster import slurm
 from ringmaster.auth import ENV as ENV_CREDS
 from ringmaster.auth import AuthError
 from ringmaster.bus import DEFAULT_URL
 from ringmaster.log import configure
 from ringmaster.metrics import ANY_PORT
 
+log = structlog.get_logger()
 ENV_WEBHOOK = "RINGMASTER_ALERT_WEBHOOK_URL"
 
 
@@ -59,6 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(ENV_CREDS),
         help=f"NATS creds file (else ${ENV_CREDS}; none: no auth)",
     )
+    p.add_argument(
+        "--slurm",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="drain in Slurm the nodes Ringmaster finds bad, lift its own drains when they "
+        "heal (auto: where scontrol and a slurm.conf are found)",
+    )
     p.add_argument("--log-json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -82,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         print("coordinator: --lease-ttl must be at least 1 second", file=sys.stderr)
         return 2
     configure("coordinator", json=args.log_json)
+    drains = args.slurm == "on" or (args.slurm == "auto" and slurm.available())
+    if args.slurm == "on" and not slurm.available():
+        log.warning("--slurm on, but no scontrol or slurm.conf here: drains will fail")
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -99,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics_retention_s=args.metrics_retention_s,
             alert_url=alert_url,
             creds=args.creds,
+            slurm=drains,
         ).run(stop)
 
     try:

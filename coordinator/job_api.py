@@ -14,7 +14,7 @@ from coordinator import actions, loop_support, policy
 from proto.api import ApiReply, JobControl, SubmitJob
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import EventBase, JobSubmitted
-from proto.job import JobRecord
+from proto.job import Allocation, JobRecord
 from proto.progress import Reaction
 
 
@@ -40,10 +40,14 @@ class OperatorInputs:
         ckpt = Path(spec.checkpoint.dir)
         if not ckpt.is_absolute():
             spec.checkpoint.dir = str(Path(req.workdir or ".") / ckpt)
+        if req.allocation is not None:
+            # the allocated nodes beyond the job's are its spares
+            spec.job.spares = max(spec.job.spares, len(req.allocation.hosts) - spec.job.nodes)
         job = JobRecord(
             id=job_id,
             name=spec.job.name,
             spec=spec,
+            allocation=req.allocation,
             workdir=req.workdir,
             target_steps=spec.train.steps,
             resume_step=req.resume_step,
@@ -58,7 +62,7 @@ class OperatorInputs:
                 name=spec.job.name,
                 nodes=spec.job.nodes,
                 gpus_per_node=spec.job.gpus_per_node,
-                message=f"submitted from {req.source or 'api'}",
+                message=f"submitted from {req.source or 'api'}" + _inside(req.allocation),
             )
         )
         return ApiReply(ok=True, job=job_id)
@@ -92,7 +96,8 @@ class OperatorInputs:
             case "checkpoint":
                 await self._checkpoint(job, "operator request")
             case "stop":
-                await self._stop(job, "stop requested by operator")
+                job.requeue = req.requeue
+                await self._stop(job, req.reason or "stop requested by operator")
         if not job.state.terminal:
             await self.save(job)
         if req.action == "resume" and job.pause_reasons:
@@ -102,3 +107,10 @@ class OperatorInputs:
             note = f"its ranks are terminated, with no checkpoint at a step first: {why}"
             return ApiReply(ok=True, job=job.id, note=note)
         return ApiReply(ok=True, job=job.id)
+
+
+def _inside(allocation: Allocation | None) -> str:
+    if allocation is None:
+        return ""
+    again = f", requeued {allocation.restarts} times" if allocation.restarts else ""
+    return f" in Slurm job {allocation.job_id} ({', '.join(allocation.hosts)}{again})"

@@ -179,7 +179,8 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                 await self._straggler(job, action)
             case actions.RefuseNode(node=node, reason=reason):
                 await self.launcher.explain(job, {node: reason})
-            case actions.FinishJob(state=state, reason=reason):
+            case actions.FinishJob(state=state, reason=reason, requeue=requeue):
+                job.requeue = requeue
                 await self.finish(job, state, reason)
             case actions.Unheeded(key=key, opened=False):
                 job.unheeded = [k for k in job.unheeded if k != key]

@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets
 from coordinator.registry import NodeInfo, Registry
+from coordinator.slurm_drains import POLL_S, SlurmDrains
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
@@ -52,6 +53,7 @@ class Leadership:
         publish: Callable[[EventBase], Awaitable[None]],
         decisions: Histogram | None = None,
         alert: Callable[[EventBase], None] = lambda event: None,
+        slurm: bool = False,
     ) -> None:
         self.alert = alert  # node events reach the leader only here; its own via publish
         self.nc, self.js, self.cluster, self.me = nc, js, cluster, me
@@ -60,6 +62,8 @@ class Leadership:
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
         self._node_written: dict[str, tuple[object, float]] = {}
+        # drains in Slurm for what the nodes report (coordinator.slurm_drains); None: off
+        self.slurm = SlurmDrains(lambda: self.registry.nodes.values(), publish) if slurm else None
 
     async def start(self) -> None:
         await self.jobs.load()
@@ -78,6 +82,8 @@ class Leadership:
             "jobs": lambda: self._every(0.25, self._tick),
             "nodes": lambda: self._every(1.0, self._write_nodes),
         }
+        if (drains := self.slurm) is not None:
+            duties["slurm"] = lambda: self._every(POLL_S, drains.reconcile)
         self._tasks = [
             asyncio.create_task(self._forever(name, duty), name=name)
             for name, duty in duties.items()

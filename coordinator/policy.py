@@ -231,12 +231,25 @@ def bounded_cadence(job: JobRecord) -> float | None:
 
 def waited_too_long(job: JobRecord, now: float) -> list[Action]:
     """A job that cannot run (too few healthy nodes) fails after ``wait_for_nodes_s``
-    with the reason it waited for, instead of waiting forever."""
+    with the reason it waited for, instead of waiting forever. Inside a scheduler's
+    allocation no other node can come: a restart that cannot be placed stops after
+    :data:`ALLOCATION_WAIT_S` (an agent's restart fits in it), to be requeued."""
     limit = job.spec.policy.wait_for_nodes_s
+    inside = job.allocation is not None and job.state is JobState.RECOVERING
+    if inside:
+        limit = min(limit, ALLOCATION_WAIT_S)
     if job.waiting_since is None or now - job.waiting_since < limit:
         return []
     why = job.reason or "not enough healthy nodes"
+    if inside:
+        assert job.allocation is not None
+        said = f"cannot continue inside Slurm job {job.allocation.job_id}'s allocation"
+        return [FinishJob(JobState.STOPPED, f"{said}: {why}; requeue it", requeue=True)]
     return [FinishJob(JobState.FAILED, f"gave up after {limit:g} s {why}")]
+
+
+# s: how long a restart inside a scheduler's allocation waits for its nodes
+ALLOCATION_WAIT_S = 15.0
 
 
 def operator_key(job_id: str) -> str:

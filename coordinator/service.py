@@ -56,7 +56,9 @@ class Coordinator:
         metrics_retention_s: float = RETENTION_S,
         alert_url: str = "",
         creds: str | None = None,
+        slurm: bool = False,
     ) -> None:
+        self.slurm = slurm  # drain in Slurm what the nodes report (coordinator.slurm_drains)
         self.creds = creds  # creds file path (ringmaster.auth); None: no auth
         self.alert_url = alert_url  # the coordinator's own webhook (jobs may add theirs)
         self.alerter: Alerter | None = None
@@ -221,6 +223,7 @@ class Coordinator:
             self.publish,
             decisions=self._decisions,
             alert=self._alert,
+            slurm=self.slurm,
         )
         try:
             await leadership.start()

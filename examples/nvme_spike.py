@@ -81,7 +81,10 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--home", default=os.environ.get("RINGMASTER_HOME", ".ringmaster/demo"))
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
+    p.add_argument("--steps", type=int, default=200, help="steps to train (at least 60)")
     args = p.parse_args()
+    if args.steps < 60:
+        p.error("--steps must be at least 60: the spike comes at step 40")
     home = Path(args.home).resolve()
     os.environ["RINGMASTER_HOME"] = str(home)
     ctl("down", check=False)
@@ -98,6 +101,8 @@ def main() -> int:
             str(HERE / "tiny.toml"),
             "--set",
             f"checkpoint.dir={home / 'checkpoints' / 'tiny-gpt'}",
+            "--set",
+            f"train.steps={args.steps}",
         ).strip()
         print(f"    job id {job}")
         first = wait_for(job, "the first step", lambda s: s["step"] >= 1)

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from proto.job import JobSpec
+from proto.job import Allocation, JobSpec
 
 
 class SubmitJob(msgspec.Struct, kw_only=True):
@@ -17,11 +17,16 @@ class SubmitJob(msgspec.Struct, kw_only=True):
     # and the job that wrote it (None: no checkpoint, a fresh start)
     resume_step: int | None = None
     resume_job: str = ""
+    allocation: Allocation | None = None  # started inside a scheduler's allocation
 
 
 class JobControl(msgspec.Struct, kw_only=True):
     job: str
     action: Literal["pause", "resume", "checkpoint", "stop"]
+    reason: str = ""  # why, in the job's events ("" : the operator asked)
+    # a stop because the job's allocation ends (the scheduler's signal): it is to be
+    # requeued once stopped at its checkpoint
+    requeue: bool = False
 
 
 class ApiReply(msgspec.Struct, kw_only=True):

@@ -55,6 +55,14 @@ class NodeLost(EventBase, tag="node.lost"):
     missed_beats: int = 0
 
 
+class NodeSlurm(EventBase, tag="node.slurm"):
+    """The coordinator changed the node in Slurm (``action``: ``drained``, ``resumed``)
+    or could not (``failed``, a warning with Slurm's own message, retried)."""
+
+    action: str = ""
+    reason: str = ""  # the drain's reason in Slurm, or the failure
+
+
 class PreflightCheck(msgspec.Struct, kw_only=True):
     """One host check. ``required``: a failure refuses the node (a measured shortfall
     the job needs: space, ``/dev/shm``); otherwise it is a warning the node is admitted
@@ -415,6 +423,7 @@ Event = (
     NodeRegistered
     | NodeAway
     | NodeLost
+    | NodeSlurm
     | NodeRefused
     | NodePreflight
     | Topology

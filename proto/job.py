@@ -224,6 +224,17 @@ class Failure(msgspec.Struct, kw_only=True):
     step: int = 0
 
 
+class Allocation(msgspec.Struct, kw_only=True):
+    """The scheduler's allocation a job was started in (``start`` inside ``sbatch`` or
+    ``salloc``): the job runs on these hosts only, the ones it does not use held as
+    spares. ``restarts``: how often the scheduler requeued it."""
+
+    scheduler: Literal["slurm"] = "slurm"
+    job_id: str
+    hosts: list[str]
+    restarts: int = 0
+
+
 class Exclusion(msgspec.Struct, kw_only=True):
     """A node left out of a job after a fault, and until when (wall time). It is eligible
     again after ``until``, or sooner once its agent starts anew (``agent_started_at``
@@ -281,6 +292,10 @@ class JobRecord(msgspec.Struct, kw_only=True):
     # and the job that wrote it (None: a fresh start)
     resume_step: int | None = None
     resume_job: str = ""
+    allocation: Allocation | None = None  # the scheduler's, when started inside one
+    # it ended at a checkpoint because its allocation ends or cannot carry it on: the
+    # scheduler should requeue it (``start --wait`` exits with ringmaster.slurm's code)
+    requeue: bool = False
     restarts: int = 0
     pauses: int = 0
     last_checkpoint_step: int | None = None

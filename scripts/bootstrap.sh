@@ -33,6 +33,19 @@ if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null && ! command -v nft >/dev/
         -o DPkg::Lock::Timeout=300 --no-install-recommends nftables; } >/dev/null 2>&1 \
         || echo "ringmaster: nftables not installed; injected loss needs the netem qdisc" >&2
 fi
+# Slurm (Debian's slurmctld, slurmd, slurm-client and munge) for the tests that run the
+# job inside a real allocation: on the same terms; the packages' services are turned off
+# (the tests start their own daemons with their own configuration).
+if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
+    && ! { command -v slurmctld && command -v slurmd && command -v sbatch \
+        && command -v munged; } >/dev/null; then
+    echo "ringmaster: installing Debian's Slurm packages (slurmctld, slurmd, munge)" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        -o DPkg::Lock::Timeout=300 --no-install-recommends slurmctld slurmd slurm-client \
+        munge; } >/dev/null 2>&1 \
+        && { systemctl disable --now slurmctld slurmd munge >/dev/null 2>&1 || true; } \
+        || echo "ringmaster: Slurm not installed; the tests inside an allocation skip" >&2
+fi
 stamp=.venv/.ringmaster-installed
 want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then

@@ -12,7 +12,6 @@ import json
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -22,8 +21,9 @@ from rich.console import Console
 from coordinator import loop_support
 from coordinator.auth import init as init_auth
 from coordinator.ctl import join, local, netns
-from coordinator.ctl.bus import Session, session
+from coordinator.ctl.bus import session
 from coordinator.ctl.errors import CtlError
+from coordinator.ctl.follow import follow, inside_allocation
 from coordinator.ctl.home import home, resolve, resolve_creds
 from coordinator.ctl.inject import inject
 from coordinator.ctl.jobfile import JobFileError, load_job
@@ -33,8 +33,8 @@ from coordinator.ctl.status import render, status_json
 from coordinator.ctl.tail import Filters, parse_duration, tail
 from proto.api import JobControl, SubmitJob
 from proto.events import Severity
-from proto.job import JobRecord, JobState
-from ringmaster.procs import wait_until_async
+from proto.job import JobRecord
+from ringmaster.slurm import REQUEUE_EXIT
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,7 +97,17 @@ def build() -> argparse.ArgumentParser:
     start = sub.add_parser("start", parents=[common], help="submit a job")
     start.add_argument("jobfile", type=Path)
     start.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    start.add_argument("--wait", action="store_true", help="follow the job to its end")
+    start.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job to its end; exit 0 completed, 1 failed, "
+        f"{REQUEUE_EXIT} stopped at a checkpoint for its Slurm job to be requeued",
+    )
+    start.add_argument(
+        "--no-allocation",
+        action="store_true",
+        help="inside a Slurm allocation, place the job on any node, not the allocation's",
+    )
     origin = start.add_mutually_exclusive_group()
     origin.add_argument(
         "--resume",
@@ -233,6 +243,7 @@ async def _remote(
             spec = load_job(args.jobfile, args.set)
         except JobFileError as exc:
             raise CtlError(str(exc), code=2) from None
+        alloc = None if args.no_allocation else inside_allocation(spec)
         workdir = Path.cwd()
         point = decide(spec, workdir, resume=args.resume, fresh=args.fresh)
         spec.checkpoint.dir = point.checkpoint_dir
@@ -250,6 +261,7 @@ async def _remote(
                 source=str(args.jobfile.resolve()),
                 resume_step=point.resume_step,
                 resume_job=point.resume_job,
+                allocation=alloc,
             )
             reply = await s.ask("submit", submit)
             if not reply.ok:
@@ -259,7 +271,7 @@ async def _remote(
             loop = "its script's" if spec.job.entry else "the built-in trainer's"
             print(f"{reply.job}: reactions ({loop}): {said}", file=sys.stderr)
             print(reply.job, flush=True)
-            return await _wait(s, reply.job) if args.wait else 0
+            return await follow(s, reply.job, alloc) if args.wait else 0
         if cmd == "status":
             data = await status_json(s, args.job)
             for line in s.unreadable:
@@ -291,31 +303,6 @@ async def _remote(
             print(await inject(s, args.node, args.fault, directory), file=sys.stderr)
             return 0
     raise CtlError(f"unknown command {cmd}", code=2)
-
-
-async def _wait(s: Session, job_id: str) -> int:
-    """Follow a job until it ends; state changes and progress go to stderr."""
-    last: tuple[str, int] | None = None
-    shown = 0.0
-
-    async def ended() -> JobRecord | None:
-        nonlocal last, shown
-        job = await s.record("jobs", job_id, JobRecord)
-        if job is None:
-            return None
-        now = time.monotonic()
-        if last is None or job.state.value != last[0] or now - shown > 5:
-            print(
-                f"{job_id}: {job.state.value} step {job.step}/{job.target_steps}"
-                + (f" loss {job.loss:.3f}" if job.loss is not None else "")
-                + (f" ({job.reason})" if job.reason else ""),
-                file=sys.stderr,
-            )
-            last, shown = (job.state.value, job.step), now
-        return job if job.state.terminal else None
-
-    job = await wait_until_async(ended, timeout=None, interval=0.5)
-    return 0 if job.state is JobState.COMPLETED else 1
 
 
 if __name__ == "__main__":

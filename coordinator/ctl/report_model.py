@@ -16,6 +16,7 @@ from coordinator import loop_support
 from proto.events import (
     EventBase,
     JobCheckpointed,
+    JobLoop,
     JobPaused,
     JobRecovering,
     JobRestarted,
@@ -228,9 +229,23 @@ class _Walk:
                 ),
                 None,
             )
-            redo = max(0, reached - (restart.from_step if restart else 0))
+            redo = max(0, reached - self._resumed_at(restart))
             self.recoveries.append(ended - began)
             fault.cost_gpu_s += ((ended - began) + redo * self.r.step_time_s) * self.world
+
+    def _resumed_at(self, restart: JobRestarted | None) -> int:
+        """Where the ranks said they resumed after ``restart`` (its loop's first word),
+        else where the coordinator expected them to."""
+        if restart is None:
+            return 0
+        for e in self.events:
+            if e.time < restart.time or e is restart:
+                continue
+            if isinstance(e, JobRestarted):
+                break  # the next attempt's: this one's loop never spoke
+            if isinstance(e, JobLoop) and e.resumed_from:
+                return e.step
+        return restart.from_step
 
     def _recovery_s(self) -> float:
         """One restart's recovery: this job's own on average, else its start-up time."""

@@ -16,6 +16,7 @@ from proto.events import (
     GpuThermal,
     JobCheckpointed,
     JobCompleted,
+    JobLoop,
     JobPaused,
     JobRecovering,
     JobRestarted,
@@ -113,6 +114,28 @@ def test_a_restart_costs_its_recovery_and_the_work_redone() -> None:
     assert fault.key == "gpu.thermal:node-1:0" and fault.reaction == "restarted"
     # 9.5 s from the restart to its first step, plus 15 steps redone (65 → 50), on 2 GPUs
     assert fault.cost_gpu_s == pytest.approx((9.5 + 15 * 1.0) * 2)
+
+
+def test_the_work_redone_counts_from_where_the_ranks_said_they_resumed() -> None:
+    """The coordinator's forecast (``from_step``) can trail the ranks' newest snapshot;
+    the loop's own word after the restart is what the ranks did."""
+    job = record(productive=200.0, recovery=20.0)
+    events = [
+        JobStarted(time=at(0), job="j-1", nodes=["node-0", "node-1"]),
+        JobRecovering(time=at(70.5), job="j-1", reason="rank 1 exited with signal 9"),
+        JobRestarted(time=at(75), job="j-1", nodes=["node-0", "node-1"], from_step=50),
+        JobRecovering(time=at(85), job="j-1", reason="rank 0 exited with signal 9"),
+        JobRestarted(time=at(88), job="j-1", nodes=["node-0", "node-1"], from_step=55),
+        JobLoop(time=at(90), job="j-1", resumed_from="memory", step=62),
+    ]
+    steps = [(T0 + 5 + i, i) for i in range(1, 66)] + [(T0 + 91 + i, 63 + i) for i in range(5)]
+    r = build(job, events, sorted(steps))
+    first, second = r.faults
+    # the first attempt's loop never spoke before the next fault: its forecast stands,
+    # 20.5 s to the first step after, plus 15 steps redone (65 → 50)
+    assert first.cost_gpu_s == pytest.approx((20.5 + 15 * 1.0) * 2)
+    # the second's said memory step 62: 6 s, plus 3 steps redone (65 → 62), not 10
+    assert second.cost_gpu_s == pytest.approx((6 + 3 * 1.0) * 2)
 
 
 def test_an_on_demand_checkpoint_saves_the_work_since_the_periodic_one() -> None:

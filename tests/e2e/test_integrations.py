@@ -154,7 +154,9 @@ def test_a_framework_loop_gets_every_reaction(ctl: Ctl, tmp_path: Path, script: 
         ctl.wait(job, lambda s, n=restarts: s["state"] == "running" and s["restarts"] == n)
         loop = events(ctl, job, "job.loop")[-1]
         assert loop["resumed_from"] == "memory", (fault, loop)
-        assert 0 <= back["from_step"] - loop["step"] <= 1, (fault, back, loop)
+        # the ranks resume from the newest snapshot every rank can use; the coordinator's
+        # forecast is the newest it had heard of, which a loaded bus can leave behind
+        assert loop["step"] >= back["from_step"] - 1, (fault, back, loop)
         assert loop["step"] > step, (fault, loop)
         step = int(str(loop["step"]))
     assert victim not in back["nodes"]

@@ -61,7 +61,8 @@ def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> 
     try:
         script = ROOT / "examples" / "nvme_spike.py"
         done = subprocess.run(
-            [sys.executable, str(script), "--home", str(ctl.home), "--keep"],
+            # the README's demo, shorter: 80 steps (its spike comes at step 40)
+            [sys.executable, str(script), "--home", str(ctl.home), "--keep", "--steps", "80"],
             capture_output=True,
             text=True,
             timeout=340,
@@ -75,7 +76,7 @@ def test_nvme_spike_pauses_and_resumes_the_job_to_completion(tmp_path: Path) -> 
         [job] = ctl.status()["jobs"]
         final = ctl.status(job["id"])
         assert final["state"] == "completed", final
-        assert final["target_steps"] == 200 and final["step"] == final["target_steps"]
+        assert final["target_steps"] == 80 and final["step"] == final["target_steps"]
         assert final["pauses"] >= 1 and final["restarts"] == 0
         assert final["world_size"] == 2 and sorted(final["nodes"]) == ["node-0", "node-1"]
 

@@ -1,0 +1,109 @@
+"""``start --wait``: follow a job to its end and exit with its outcome; inside a Slurm
+allocation, also stand for the job in front of Slurm.
+
+Inside an allocation (``sbatch`` running ``exec coordinatorctl start --wait``), Slurm's
+warning that the allocation ends — the ``--signal=B:USR1@SECS`` before the time limit or a
+preemption, or the SIGTERM of ``GraceTime``/``KillWait`` — is the job's notice: the job
+is stopped at a step every rank agrees on, with a checkpoint first, and once it stopped
+the Slurm job is requeued (``scontrol requeue``) and this exits with
+:data:`ringmaster.slurm.REQUEUE_EXIT`. The same happens when the coordinator stops the
+job because the allocation has too few nodes left to continue it. The requeued batch
+script starts the job again, and it resumes from that checkpoint.
+
+Exit: 0 completed, 1 failed (or stopped), :data:`~ringmaster.slurm.REQUEUE_EXIT` requeue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+
+from coordinator.ctl.bus import Session
+from coordinator.ctl.errors import CtlError
+from proto.api import JobControl
+from proto.job import Allocation, JobRecord, JobSpec, JobState
+from ringmaster import slurm
+from ringmaster.procs import wait_until_async
+
+NOTICES = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def inside_allocation(spec: JobSpec) -> Allocation | None:
+    """The Slurm allocation ``start`` runs in (None outside one), checked against the
+    job: it must hold the job's ``min_nodes`` at least."""
+    try:
+        found = slurm.allocation()
+    except (slurm.SlurmError, ValueError) as exc:
+        raise CtlError(f"inside Slurm job, but its nodes are unknown: {exc}") from None
+    if found is None:
+        return None
+    need = spec.job.min_nodes or spec.job.nodes
+    if len(found.hosts) < need:
+        raise CtlError(
+            f"Slurm job {found.job_id} has {len(found.hosts)} nodes ({', '.join(found.hosts)}); "
+            f"the job needs {need} (job.nodes = {spec.job.nodes})",
+            code=2,
+        )
+    return Allocation(job_id=found.job_id, hosts=found.hosts, restarts=found.restarts)
+
+
+async def follow(s: Session, job_id: str, allocation: Allocation | None) -> int:
+    """Follow ``job_id`` until it ends; state changes and progress go to stderr."""
+    noticed: list[int] = []
+    loop = asyncio.get_running_loop()
+    if allocation is not None:
+        for sig in NOTICES:
+            loop.add_signal_handler(sig, noticed.append, sig)
+    asked = False
+    last: tuple[str, int] | None = None
+    shown = 0.0
+
+    async def ended() -> JobRecord | None:
+        nonlocal last, shown, asked
+        if noticed and not asked:
+            asked = True
+            await _stop(s, job_id, noticed[0])
+        job = await s.record("jobs", job_id, JobRecord)
+        if job is None:
+            return None
+        now = time.monotonic()
+        if last is None or job.state.value != last[0] or now - shown > 5:
+            print(
+                f"{job_id}: {job.state.value} step {job.step}/{job.target_steps}"
+                + (f" loss {job.loss:.3f}" if job.loss is not None else "")
+                + (f" ({job.reason})" if job.reason else ""),
+                file=sys.stderr,
+            )
+            last, shown = (job.state.value, job.step), now
+        return job if job.state.terminal else None
+
+    try:
+        job = await wait_until_async(ended, timeout=None, interval=0.5)
+        if allocation is not None and job.requeue:
+            # the requeue makes Slurm signal this step again: still handled, not fatal
+            return await asyncio.to_thread(_requeue, allocation)
+        return 0 if job.state is JobState.COMPLETED else 1
+    finally:
+        for sig in NOTICES if allocation is not None else ():
+            loop.remove_signal_handler(sig)
+
+
+async def _stop(s: Session, job_id: str, signum: int) -> None:
+    name = signal.Signals(signum).name
+    why = f"Slurm sent {name}: the allocation ends (time limit or preemption)"
+    print(f"{job_id}: {why}; stopping at a checkpoint to be requeued", file=sys.stderr)
+    reply = await s.ask("control", JobControl(job=job_id, action="stop", reason=why, requeue=True))
+    if not reply.ok:
+        print(f"{job_id}: the stop was refused: {reply.error}", file=sys.stderr)
+
+
+def _requeue(allocation: Allocation) -> int:
+    try:
+        slurm.requeue(allocation.job_id)
+        said = f"requeued Slurm job {allocation.job_id}"
+    except slurm.SlurmError as exc:  # --no-requeue, or Slurm away: the exit code says it
+        said = f"warning: Slurm job {allocation.job_id} not requeued: {exc}"
+    print(f"{said}; exit {slurm.REQUEUE_EXIT} (requeue me)", file=sys.stderr)
+    return slurm.REQUEUE_EXIT

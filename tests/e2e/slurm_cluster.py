@@ -1,0 +1,177 @@
+"""A real Slurm for end-to-end tests, started and stopped by the test itself.
+
+Debian's ``munged``, one ``slurmctld`` and one ``slurmd`` per simulated node (``-N
+node-i``, each on a port of its own on loopback, so their names are the local cluster's
+node ids), all in the foreground as children of the test, configured by a ``slurm.conf``
+of the test's own (``SLURM_CONF``): no systemd, nothing in ``/etc``. Every process is
+stopped when the test ends. Where Slurm cannot run (not root, packages missing), the test
+skips, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from ringmaster.procs import wait_until
+from ringmaster.slurm import SlurmNode, parse_nodes
+
+NEEDED = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel")
+# Slurm's own delay before a requeued job may start again is the job credential's
+# lifetime plus one second (default 120 s); a short one keeps the test short.
+CONF = """\
+ClusterName={cluster}
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+AuthInfo=socket={dir}/munge.socket,cred_expire=5
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={dir}/state
+SlurmdSpoolDir={dir}/spool/%n
+SlurmctldPidFile={dir}/slurmctld.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
+SlurmctldLogFile={dir}/slurmctld.log
+SlurmdLogFile={dir}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SchedulerParameters=sched_interval=1
+ReturnToService=2
+SlurmdTimeout=10
+JobRequeue=1
+MpiDefault=none
+SwitchType=switch/none
+JobCompType=jobcomp/none
+{nodes}
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def unavailable() -> str:
+    """Why a real Slurm cannot run here ("" when it can)."""
+    if os.geteuid() != 0:
+        return "a real Slurm needs root (slurmd runs jobs as their users)"
+    missing = [tool for tool in NEEDED if shutil.which(tool) is None]
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing): see scripts/bootstrap.sh"
+    return ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Slurm:
+    def __init__(self, directory: Path, nodes: list[str]) -> None:
+        self.dir, self.names = directory, nodes
+        self.conf = directory / "slurm.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def write(self) -> None:
+        for sub in ("state", "spool"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        lines = [
+            f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1" for name in self.names
+        ]
+        self.conf.write_text(
+            CONF.format(
+                cluster=f"rm{os.getpid()}",
+                ctld_port=free_port(),
+                slurmd_port=free_port(),
+                dir=self.dir,
+                nodes="\n".join(lines),
+            )
+        )
+        key = self.dir / "munge.key"
+        subprocess.run(["mungekey", "-c", "-k", str(key)], check=True, capture_output=True)
+        key.chmod(0o600)
+
+    def start(self) -> None:
+        d = self.dir
+        self._spawn(
+            "munged",
+            [
+                "munged", "-F", "--force", f"--key-file={d}/munge.key",
+                f"--socket={d}/munge.socket", f"--pid-file={d}/munged.pid",
+                f"--log-file={d}/munged.log", f"--seed-file={d}/munge.seed",
+            ],
+        )  # fmt: skip
+        wait_until(lambda: (d / "munge.socket").exists(), 15, 0.05)
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
+        wait_until(lambda: self.run("scontrol", "ping").returncode == 0, 30, 0.2)
+        for name in self.names:
+            self._spawn(name, ["slurmd", "-D", "-N", name])
+        wait_until(
+            lambda: (
+                all(n.state == "idle" for n in self.nodes().values())
+                and len(self.nodes()) == len(self.names)
+            ),
+            30,
+            0.3,
+        )
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = (self.dir / f"{name}.out").open("wb")
+        self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=log, stderr=log)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one daemon (a node's ``slurmd``: the machine is gone for Slurm)."""
+        self.procs[name].kill()
+        self.procs[name].wait()
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.procs.values())):
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)
+
+    def __call__(self, *argv: str) -> str:
+        done = self.run(*argv)
+        assert done.returncode == 0, f"{' '.join(argv)}: {done.stderr}"
+        return done.stdout
+
+    def nodes(self) -> dict[str, SlurmNode]:
+        done = self.run("sinfo", "--noheader", "--Node", "--format=%N|%T|%E")
+        return parse_nodes(done.stdout) if done.returncode == 0 else {}
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` as key → value (values without spaces)."""
+        out = self("scontrol", "show", "job", "--oneliner", job_id)
+        return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+@contextmanager
+def slurm(directory: Path, nodes: list[str]) -> Iterator[Slurm]:
+    if why := unavailable():
+        pytest.skip(why)
+    cluster = Slurm(directory, nodes)
+    cluster.write()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

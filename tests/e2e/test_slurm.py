@@ -1,0 +1,167 @@
+"""Inside a Slurm allocation, against a real Slurm (tests/e2e/slurm_cluster.py).
+
+An ``sbatch -N 3`` script runs ``exec coordinatorctl start --wait``: the job trains on two
+of the allocation's nodes and holds the third as its spare. An NVMe turning read-only on a
+job node drains it in Slurm with Ringmaster's reason, and the job goes on on the spare;
+once the device is writable again the drain is lifted, while the drain an administrator
+set on another node meanwhile stays. Slurm's ``USR1`` to the batch step stops the job at a
+step every rank agrees on, with a checkpoint there (0 steps lost); ``start`` requeues the
+Slurm job and exits 75, and the requeued script's job resumes from that step.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_harness import EXAMPLES, Ctl, eventually
+from slurm_cluster import Slurm, slurm
+
+from ringmaster.slurm import REQUEUE_EXIT
+
+pytestmark = pytest.mark.slow
+NODES = ["node-0", "node-1", "node-2"]
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path: Path) -> Any:
+    with slurm(tmp_path / "slurm", NODES) as cluster:
+        yield cluster
+
+
+def drains(s: Slurm) -> dict[str, str]:
+    return {name: node.reason for name, node in s.nodes().items() if node.drained}
+
+
+def batch_script(ctl: Ctl, tmp_path: Path, every: int = 1000) -> Path:
+    """``exec coordinatorctl start --wait`` of a long tiny job, a periodic checkpoint
+    every ``every`` steps."""
+    script = tmp_path / "train.sbatch"
+    sets = {
+        "job.name": "in-slurm",
+        "train.steps": "100000",
+        "checkpoint.dir": str(tmp_path / "ckpt"),
+        "checkpoint.every_steps": str(every),
+    }
+    args = " ".join(f"--set {k}={v}" for k, v in sets.items())
+    script.write_text(
+        "#!/bin/bash\n"
+        f"export RINGMASTER_HOME={ctl.home}\n"
+        f"exec {sys.executable} -m coordinator.ctl.main start --wait {EXAMPLES / 'tiny.toml'} "
+        f"{args}\n"
+    )
+    return script
+
+
+def ringmaster_job(ctl: Ctl, restarts: int) -> dict[str, Any]:
+    """The job the batch script started in its ``restarts``-th run, once it trains."""
+
+    def found() -> dict[str, Any] | None:
+        for job in ctl.view(None)["jobs"]:
+            alloc = job.get("allocation") or {}
+            if alloc.get("restarts") == restarts and job["state"] == "running" and job["step"]:
+                return dict(job)
+        return None
+
+    return eventually(found, 180, lambda: f"no job of run {restarts} training", 0.5)
+
+
+@pytest.mark.timeout(600)
+def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoint(
+    slurm_cluster: Slurm, ctl: Ctl, tmp_path: Path
+) -> None:
+    s = slurm_cluster
+    ctl.env["SLURM_CONF"] = str(s.conf)  # the coordinators drain through this Slurm
+    ctl("up", "--nodes", "3")
+    out = tmp_path / "batch.out"
+    slurm_job = s(
+        "sbatch", "--parsable", "--nodes=3", "--requeue", "--open-mode=append",
+        f"--output={out}", f"--chdir={tmp_path}", str(batch_script(ctl, tmp_path)),
+    ).strip()  # fmt: skip
+
+    # the job runs on the allocation's nodes, the one it does not use held as its spare
+    job = ringmaster_job(ctl, 0)
+    assert job["allocation"]["job_id"] == slurm_job and sorted(job["allocation"]["hosts"]) == NODES
+    assert len(job["nodes"]) == 2 and set(job["nodes"]) | set(job["spare_nodes"]) == set(NODES)
+
+    # a job node's NVMe turns read-only: drained in Slurm with our reason and evidence
+    bad = job["nodes"][1]
+    ctl("inject", bad, "nvme-readonly=on")
+    reason = eventually(lambda: drains(s).get(bad), 60, lambda: f"{bad} not drained", 0.5)
+    assert reason.startswith(f"ringmaster: nvme.readonly:{bad}:"), reason
+    moved = ctl.wait(job["id"], lambda j: j["state"] == "running" and bad not in j["nodes"])
+    assert len(moved["nodes"]) == 2
+
+    # an administrator drains another node meanwhile; ours is lifted once the device is
+    # writable again, theirs stays
+    admin = moved["nodes"][0]
+    s("scontrol", "update", f"NodeName={admin}", "State=DRAIN", "Reason=admin: fan check")
+    ctl("inject", bad, "nvme-readonly=off")
+    eventually(lambda: bad not in drains(s), 60, lambda: f"{bad} still drained", 0.5)
+    assert drains(s) == {admin: "admin: fan check"}
+    lifted = [e for e in ctl.events("--node", bad, "--kind", "node.slurm")]
+    assert [e["action"] for e in lifted] == ["drained", "resumed"], lifted
+    s("scontrol", "update", f"NodeName={admin}", "State=RESUME")
+
+    # Slurm's warning that the allocation ends: a checkpoint at an agreed step, 0 lost
+    before = ctl.wait(job["id"], lambda j: j["state"] == "running")
+    s("scancel", "--signal=USR1", "--batch", slurm_job)
+    stopped = ctl.wait(job["id"], lambda j: j["state"] == "stopped")
+    assert stopped["requeue"] and "USR1" in stopped["reason"], stopped
+    saved = [e["step"] for e in ctl.events("--job", job["id"], "--kind", "job.checkpointed")]
+    assert saved and saved[-1] == stopped["step"] >= before["step"], (saved, stopped)
+    eventually(lambda: f"exit {REQUEUE_EXIT}" in out.read_text(), 30, lambda: out.read_text(), 0.5)
+    assert f"requeued Slurm job {slurm_job}" in out.read_text()
+
+    # the requeued script's job resumes from that checkpoint in its new allocation
+    again = ringmaster_job(ctl, 1)
+    assert again["id"] != job["id"] and again["resume_step"] == stopped["step"], again
+    started = [e for e in ctl.events("--job", again["id"]) if e["kind"] == "job.started"]
+    assert f"resuming from step {stopped['step']}" in started[0]["message"]
+    assert s.job(slurm_job)["Restarts"] == "1"
+    ctl("stop", again["id"])
+    ctl.wait(again["id"], lambda j: j["state"] == "stopped")
+
+
+@pytest.mark.timeout(600)
+def test_restarts_drain_nothing_and_a_node_lost_with_no_spare_is_requeued_without_it(
+    slurm_cluster: Slurm, ctl: Ctl, tmp_path: Path
+) -> None:
+    s = slurm_cluster
+    ctl.env["SLURM_CONF"] = str(s.conf)
+    ctl("up", "--nodes", "3")
+    out = tmp_path / "batch.out"
+    slurm_job = s(
+        "sbatch", "--parsable", "--nodes=2", "--requeue", "--open-mode=append",
+        f"--output={out}", f"--chdir={tmp_path}", str(batch_script(ctl, tmp_path, every=20)),
+    ).strip()  # fmt: skip
+    job = ringmaster_job(ctl, 0)
+    assert job["spare_nodes"] == [] and len(job["nodes"]) == 2
+    assert job["allocation"]["job_id"] == slurm_job
+
+    # an agent killed and started again 1 s later (systemd's Restart=): its ranks train on;
+    # no node.lost, no drain
+    first, victim = job["nodes"]
+    ctl("inject", first, "restart-agent")
+    ctl.wait(job["id"], lambda j: j["step"] > job["step"] + 20)
+    assert ctl.events("--kind", "node.lost") == [] and drains(s) == {}
+    assert ctl.view(job["id"])["restarts"] == 0
+
+    # the machine of the other node dies (its agent, ranks and slurmd): found, drained in
+    # Slurm with our reason; no spare in the allocation, so the job stops to be requeued
+    ctl("inject", victim, "lose-node")
+    s.kill(victim)
+    reason = eventually(lambda: drains(s).get(victim), 60, lambda: f"{victim} not drained", 0.5)
+    assert reason.startswith("ringmaster: node.lost: "), reason
+    stopped = ctl.wait(job["id"], lambda j: j["state"] == "stopped", timeout=120)
+    assert stopped["requeue"] and "cannot continue inside Slurm job" in stopped["reason"]
+    eventually(lambda: f"exit {REQUEUE_EXIT}" in out.read_text(), 60, out.read_text, 0.5)
+
+    # the requeued job gets an allocation without the drained node, and resumes
+    again = ringmaster_job(ctl, 1)
+    assert victim not in again["allocation"]["hosts"] and victim not in again["nodes"]
+    assert again["resume_step"] == stopped["last_checkpoint_step"], again
+    ctl("stop", again["id"])
+    ctl.wait(again["id"], lambda j: j["state"] == "stopped")

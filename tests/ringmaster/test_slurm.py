@@ -1,0 +1,78 @@
+"""Slurm through its commands: the allocation from the environment, Slurm's own message
+on failure, and ``start``'s checks inside an allocation. The commands here are small
+executables standing in for ``scontrol`` on ``PATH`` (the real ones run in
+tests/e2e/test_slurm.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from coordinator.ctl.main import main
+from ringmaster import slurm
+
+JOB = Path(__file__).resolve().parents[2] / "examples" / "tiny.toml"
+
+
+@pytest.fixture
+def scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An ``scontrol`` that expands ``show hostnames`` like Slurm's and logs its calls;
+    ``fail`` in its directory makes it fail as Slurm does when the controller is away."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "scontrol"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {bin_dir}/calls\n'
+        f'if [ -e {bin_dir}/fail ]; then echo "slurm_load_jobs error: Unable to contact '
+        'slurm controller (connect failure)" >&2; exit 1; fi\n'
+        'if [ "$1 $2" = "show hostnames" ]; then\n'
+        '  case "$3" in gpu-\\[01-03\\]) printf "gpu-01\\ngpu-02\\ngpu-03\\n";;\n'
+        '  *) echo "$3";; esac\n'
+        "fi\n"
+    )
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return bin_dir
+
+
+def test_outside_an_allocation_there_is_none(scontrol: Path) -> None:
+    assert slurm.allocation({"PATH": os.environ["PATH"]}) is None
+    assert not (scontrol / "calls").exists()
+
+
+def test_the_allocation_is_its_expanded_node_list(scontrol: Path) -> None:
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu-[01-03]", "SLURM_RESTART_COUNT": "2"}
+    assert slurm.allocation(env) == slurm.Allocation("42", ["gpu-01", "gpu-02", "gpu-03"], 2)
+
+
+def test_a_failing_command_is_retried_then_says_slurms_own_words(scontrol: Path) -> None:
+    (scontrol / "fail").touch()
+    with pytest.raises(slurm.SlurmError, match="Unable to contact slurm controller"):
+        slurm.drain("gpu-01", "ringmaster: x: y")
+    assert len((scontrol / "calls").read_text().splitlines()) == slurm.ATTEMPTS
+
+
+def test_start_refuses_an_allocation_smaller_than_the_job(
+    scontrol: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-01")
+    assert main(["start", str(JOB), "--nats", "nats://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [
+        "coordinatorctl: Slurm job 42 has 1 nodes (gpu-01); the job needs 2 (job.nodes = 2)"
+    ]
+
+
+def test_start_says_why_when_the_allocation_cannot_be_read(
+    scontrol: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (scontrol / "fail").touch()
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-[01-03]")
+    assert main(["start", str(JOB), "--nats", "nats://127.0.0.1:1"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "its nodes are unknown" in line and "Unable to contact slurm controller" in line
