@@ -133,6 +133,10 @@ def lightning(s: Slurm, work: Path) -> dict[str, Any]:
     before = [x for x in lines() if x[2] == 0]
     resumed = again[0][1] - 1  # the step its checkpoint held
     s("scancel", slurm_job)
+    gone = wait_for(
+        lambda: s.job(slurm_job).get("JobState") not in ("RUNNING", "COMPLETING") or None, 60, 0.5
+    )
+    assert gone, "the Lightning run outlived its scancel"
     return {
         "checkpoint_s": saved_at - signalled,
         "checkpoint_step": resumed,

@@ -180,7 +180,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
             case actions.RefuseNode(node=node, reason=reason):
                 await self.launcher.explain(job, {node: reason})
             case actions.FinishJob(state=state, reason=reason, requeue=requeue):
-                job.requeue = requeue
+                job.requeue = job.requeue or requeue  # a stop's own end keeps its word
                 await self.finish(job, state, reason)
             case actions.Unheeded(key=key, opened=False):
                 job.unheeded = [k for k in job.unheeded if k != key]

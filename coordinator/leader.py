@@ -25,6 +25,7 @@ from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets
 from coordinator.registry import NodeInfo, Registry
 from coordinator.slurm_drains import POLL_S, SlurmDrains
+from coordinator.slurm_jobs import SlurmAllocations
 from proto import subjects
 from proto.api import ApiReply
 from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
@@ -62,8 +63,14 @@ class Leadership:
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
         self._node_written: dict[str, tuple[object, float]] = {}
-        # drains in Slurm for what the nodes report (coordinator.slurm_drains); None: off
+        # drains in Slurm for what the nodes report (coordinator.slurm_drains), jobs whose
+        # allocation is gone stopped (coordinator.slurm_jobs); None: off
         self.slurm = SlurmDrains(lambda: self.registry.nodes.values(), publish) if slurm else None
+        self.allocations = (
+            SlurmAllocations(lambda: list(self.jobs.jobs.values()), self.jobs.control)
+            if slurm
+            else None
+        )
 
     async def start(self) -> None:
         await self.jobs.load()
@@ -82,8 +89,9 @@ class Leadership:
             "jobs": lambda: self._every(0.25, self._tick),
             "nodes": lambda: self._every(1.0, self._write_nodes),
         }
-        if (drains := self.slurm) is not None:
+        if (drains := self.slurm) is not None and (allocs := self.allocations) is not None:
             duties["slurm"] = lambda: self._every(POLL_S, drains.reconcile)
+            duties["allocations"] = lambda: self._every(POLL_S, allocs.reconcile)
         self._tasks = [
             asyncio.create_task(self._forever(name, duty), name=name)
             for name, duty in duties.items()

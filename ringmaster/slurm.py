@@ -134,3 +134,22 @@ def lift(node: str) -> None:
 
 def requeue(job_id: str) -> None:
     run(["scontrol", "requeue", job_id])
+
+
+# Slurm job states in which the allocation still holds its nodes
+HOLDING = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "RESIZING", "STOPPED"})
+
+
+def job_state(job_id: str) -> str:
+    """The Slurm job's state (``RUNNING``, ``CANCELLED``, ``PENDING`` once requeued …);
+    ``GONE`` once Slurm no longer knows it (purged after ``MinJobAge``)."""
+    try:
+        out = run(["scontrol", "show", "job", "--oneliner", job_id])
+    except SlurmError as exc:
+        if "Invalid job id" in str(exc):
+            return "GONE"
+        raise
+    for field in out.split():
+        if field.startswith("JobState="):
+            return field.partition("=")[2]
+    raise SlurmError(f"scontrol show job {job_id}: no JobState in its answer")

@@ -317,6 +317,21 @@ async def test_stop_ends_as_soon_as_every_rank_has_exited() -> None:
     assert (await c.stored(job.id)).state is JobState.STOPPED
 
 
+async def test_a_stop_for_a_requeue_ends_marked_so_whichever_path_ends_it() -> None:
+    """The ranks' exits end the stop (the progress policy's finish) before the stop's own
+    task does: the requeue the stop asked for must survive either."""
+    c = Cluster()
+    m = c.leader()
+    job = await running(c, m)
+    why = "Slurm sent SIGUSR1: the allocation ends (time limit or preemption)"
+    stop = JobControl(job=job.id, action="stop", reason=why, requeue=True)
+    assert (await m.control(stop)).ok
+    await m.on_event(exited(job, 0, None))
+    await m.on_event(exited(job, 1, None))
+    stored = await c.stored(job.id)
+    assert stored.state is JobState.STOPPED and stored.requeue and stored.reason == why
+
+
 async def test_control_of_unknown_or_finished_jobs_is_refused() -> None:
     c = Cluster()
     m = c.leader()

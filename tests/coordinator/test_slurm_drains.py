@@ -1,10 +1,13 @@
-"""The Slurm drain decision (pure) and the parsing of Slurm's node table."""
+"""The Slurm decisions (pure): drains and their lifting, jobs whose allocation is gone;
+and the parsing of Slurm's node table."""
 
 from __future__ import annotations
 
 from coordinator.registry import NodeInfo
 from coordinator.slurm_drains import Drain, Lift, plan
+from coordinator.slurm_jobs import gone
 from proto.conditions import Condition, ConditionKind, Severity
+from proto.job import Allocation, JobRecord, JobSection, JobSpec, JobState
 from proto.node import NodeState
 from ringmaster.slurm import SlurmNode, parse_nodes
 
@@ -94,3 +97,28 @@ def test_sinfo_lines_parse_with_reasons_that_hold_the_separator() -> None:
     assert nodes["node-0"].reason == "" and not nodes["node-0"].drained
     assert nodes["node-1"].reason.endswith("| fallen off the bus") and nodes["node-1"].ours
     assert nodes["node-2"].drained and not nodes["node-2"].ours
+
+
+def test_a_live_job_whose_allocation_no_longer_holds_its_nodes_is_stopped() -> None:
+    def job(job_id: str, slurm_job: str, state: JobState = JobState.RUNNING) -> JobRecord:
+        return JobRecord(
+            id=job_id,
+            name="j",
+            spec=JobSpec(job=JobSection(name="j")),
+            state=state,
+            allocation=Allocation(job_id=slurm_job, hosts=["node-0"]),
+        )
+
+    jobs = [
+        job("a", "7"),
+        job("b", "8"),
+        job("c", "9", JobState.STOPPED),
+        job("d", "10"),
+        JobRecord(id="e", name="j", spec=JobSpec(job=JobSection(name="j"))),
+    ]
+    states = {"7": "RUNNING", "8": "CANCELLED", "9": "FAILED", "10": "GONE"}
+    assert gone(jobs, states) == [
+        ("b", "Slurm job 8 is CANCELLED: its allocation is gone"),
+        ("d", "Slurm job 10 is GONE: its allocation is gone"),
+    ]
+    assert gone(jobs, {}) == []  # unknown (Slurm did not answer) is not gone

@@ -10,10 +10,13 @@ skips, saying why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +27,9 @@ import pytest
 from ringmaster.procs import wait_until
 from ringmaster.slurm import SlurmNode, parse_nodes
 
-NEEDED = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel")
+NEEDED = (
+    "munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel", "squeue",
+)  # fmt: skip
 # Slurm's own delay before a requeued job may start again is the job credential's
 # lifetime plus one second (default 120 s); a short one keeps the test short.
 CONF = """\
@@ -33,12 +38,12 @@ SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
-AuthInfo=socket={dir}/munge.socket,cred_expire=5
+AuthInfo=socket={sockets}/munge.socket,cred_expire=5
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool/%n
+SlurmdSpoolDir={sockets}/spool/%n
 SlurmctldPidFile={dir}/slurmctld.pid
 SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
@@ -81,10 +86,14 @@ class Slurm:
         self.conf = directory / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # Unix sockets (munge's, each step's in the spool) need paths under 108 bytes,
+        # which a test's own directory may exceed
+        self.sockets = Path(tempfile.mkdtemp(prefix="rm-slurm-", dir="/tmp"))
 
     def write(self) -> None:
-        for sub in ("state", "spool"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.dir / "state").mkdir(parents=True, exist_ok=True)
+        for name in self.names:
+            (self.sockets / "spool" / name).mkdir(parents=True, exist_ok=True)
         lines = [
             f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1" for name in self.names
         ]
@@ -94,6 +103,7 @@ class Slurm:
                 ctld_port=free_port(),
                 slurmd_port=free_port(),
                 dir=self.dir,
+                sockets=self.sockets,
                 nodes="\n".join(lines),
             )
         )
@@ -107,11 +117,11 @@ class Slurm:
             "munged",
             [
                 "munged", "-F", "--force", f"--key-file={d}/munge.key",
-                f"--socket={d}/munge.socket", f"--pid-file={d}/munged.pid",
+                f"--socket={self.sockets}/munge.socket", f"--pid-file={d}/munged.pid",
                 f"--log-file={d}/munged.log", f"--seed-file={d}/munge.seed",
             ],
         )  # fmt: skip
-        wait_until(lambda: (d / "munge.socket").exists(), 15, 0.05)
+        wait_until(lambda: (self.sockets / "munge.socket").exists(), 15, 0.05)
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
         wait_until(lambda: self.run("scontrol", "ping").returncode == 0, 30, 0.2)
         for name in self.names:
@@ -135,6 +145,13 @@ class Slurm:
         self.procs[name].wait()
 
     def stop(self) -> None:
+        """Every job killed (its batch script, not a child of ours, must not outlive its
+        slurmd), then every daemon."""
+        jobs = self.run("squeue", "--noheader", "--format=%A").stdout.split()
+        if jobs and self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
+            self.run("scancel", *jobs)
+            with contextlib.suppress(TimeoutError):
+                wait_until(lambda: not self.run("squeue", "--noheader").stdout.strip(), 15, 0.2)
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
                 proc.terminate()
@@ -145,6 +162,27 @@ class Slurm:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        # a job's slurmstepd outlives its slurmd by design, and so would a job's script:
+        # whatever carries this cluster's configuration in its environment goes too
+        for pid in self.strays():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.sockets, ignore_errors=True)
+
+    def strays(self) -> list[int]:
+        """Live processes started by this Slurm (their environment names its config)."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) == os.getpid():
+                continue
+            try:
+                environ = (proc / "environ").read_bytes()
+            except OSError:
+                continue
+            if mark in environ.split(b"\0"):
+                found.append(int(proc.name))
+        return found
 
     def run(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60)

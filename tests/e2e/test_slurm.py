@@ -7,10 +7,17 @@ once the device is writable again the drain is lifted, while the drain an admini
 set on another node meanwhile stays. Slurm's ``USR1`` to the batch step stops the job at a
 step every rank agrees on, with a checkpoint there (0 steps lost); ``start`` requeues the
 Slurm job and exits 75, and the requeued script's job resumes from that step.
+
+Inside a 2-node allocation: an agent restarted by its supervisor drains nothing and
+restarts nothing; a machine that dies (agent, ranks, ``slurmd``) is drained in Slurm as
+lost, the job, with no spare left, stops to be requeued, and the requeued job runs
+without that node; a batch step killed outright stops its job.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -163,5 +170,10 @@ def test_restarts_drain_nothing_and_a_node_lost_with_no_spare_is_requeued_withou
     again = ringmaster_job(ctl, 1)
     assert victim not in again["allocation"]["hosts"] and victim not in again["nodes"]
     assert again["resume_step"] == stopped["last_checkpoint_step"], again
-    ctl("stop", again["id"])
-    ctl.wait(again["id"], lambda j: j["state"] == "stopped")
+
+    # its batch step killed outright (no word to the job): the allocation is gone, and the
+    # ranks, the agents' children, are stopped rather than left training on given-up nodes
+    [batch] = [pid for pid in s.strays() if b"--wait" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(batch, signal.SIGKILL)
+    ended = ctl.wait(again["id"], lambda j: j["state"] == "stopped", timeout=60)
+    assert "its allocation is gone" in ended["reason"] and not ended["requeue"], ended
