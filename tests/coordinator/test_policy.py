@@ -7,7 +7,7 @@ import pytest
 from coordinator import actions, policy, progress_policy
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import ClockResynced, NodeAway, NodeLost, NvmeLatencySpike, WorkerExited
-from proto.job import Exclusion, Failure, JobRecord, JobSection, JobSpec, JobState
+from proto.job import Allocation, Exclusion, Failure, JobRecord, JobSection, JobSpec, JobState
 
 
 def job(state: JobState = JobState.RUNNING, **kw: object) -> JobRecord:
@@ -310,3 +310,23 @@ def test_a_node_that_came_back_after_being_left_out_is_evacuated_again() -> None
     drain, restart = policy.on_condition(back, notice)
     assert isinstance(drain, actions.DrainNode) and drain.node == "node-1"
     assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-1",)
+
+
+def test_a_restart_that_cannot_be_placed_inside_an_allocation_stops_to_be_requeued() -> None:
+    inside = Allocation(job_id="42", hosts=["node-0", "node-1"])
+    waiting = job(JobState.RECOVERING, allocation=inside, waiting_since=1000.0)
+    waiting.reason = "waiting for 2 healthy nodes; skipped: node-1: node is lost"
+    assert policy.waited_too_long(waiting, 1000.0 + policy.ALLOCATION_WAIT_S - 1) == []
+    [finish] = policy.waited_too_long(waiting, 1000.0 + policy.ALLOCATION_WAIT_S)
+    assert finish == actions.FinishJob(
+        JobState.STOPPED,
+        "cannot continue inside Slurm job 42's allocation: waiting for 2 healthy nodes; "
+        "skipped: node-1: node is lost; requeue it",
+        requeue=True,
+    )
+    # a first start waits for its nodes' agents as outside (they may still be starting)
+    first = job(JobState.PENDING, allocation=inside, waiting_since=1000.0)
+    assert policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_WAIT_S) == []
+    # outside an allocation: the job's own wait_for_nodes_s, then it fails
+    outside = job(JobState.RECOVERING, waiting_since=1000.0)
+    assert policy.waited_too_long(outside, 1000.0 + policy.ALLOCATION_WAIT_S) == []
