@@ -115,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nodeagent: {exc}", file=sys.stderr)
         return 2
     if args.health_gate:
-        url = health_gate.metrics_url(config.metrics_addr, config.metrics_port)
+        url = health_gate.metrics_url(
+            config.metrics_addr, config.metrics_port, Path(config.run_dir)
+        )
         code, line = health_gate.check(config.node, url)
         print(line, file=sys.stderr if line.startswith("warning") else sys.stdout)
         return code

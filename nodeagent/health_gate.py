@@ -16,10 +16,15 @@ The decision (:func:`verdict`) is pure; reading the endpoint is the thin shell a
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from ringmaster import rundir
+from ringmaster.metrics import ANY_PORT
 
 CONDITION_METRIC = "ringmaster_node_condition"
 REFUSED = 1  # the node must not take work
@@ -79,9 +84,12 @@ def check(node: str, url: str | None, timeout_s: float = TIMEOUT_S) -> tuple[int
     return verdict(node, conditions)
 
 
-def metrics_url(addr: str, port: int) -> str | None:
+def metrics_url(addr: str, port: int, run_dir: Path) -> str | None:
     """Where the local agent serves ``/metrics`` (None: off, or on a port chosen at start
-    that cannot be known from here)."""
+    that the agent has not recorded in ``run_dir``)."""
+    if port == ANY_PORT:
+        with contextlib.suppress(OSError, ValueError):
+            port = int(rundir.metrics_port(run_dir).read_text())
     if port <= 0:
         return None
     host = "127.0.0.1" if addr in ("", "0.0.0.0") else addr

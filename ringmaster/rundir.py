@@ -76,6 +76,12 @@ def probe_port(run_dir: Path) -> Path:
     return run_dir / "probe-port"
 
 
+def metrics_port(run_dir: Path) -> Path:
+    """The port the agent's ``/metrics`` listens on, as bound (``nodeagent
+    --health-gate`` reads it where the configuration leaves the port to the kernel)."""
+    return run_dir / "metrics-port"
+
+
 def sim_knobs(run_dir: Path) -> Path:
     """A simulated node's rehearsal knobs (``proto.faults.SimKnobs``): written by
     ``coordinatorctl inject`` (``slow``, ``nan-loss``), read by the node's ranks."""

@@ -16,9 +16,14 @@ Exit: 0 completed, 1 failed (or stopped), :data:`~ringmaster.slurm.REQUEUE_EXIT`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+
+from nats.errors import Error as NatsError
 
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
@@ -28,6 +33,7 @@ from ringmaster import slurm
 from ringmaster.procs import wait_until_async
 
 NOTICES = (signal.SIGUSR1, signal.SIGTERM)
+RECONNECT_S = 1.0
 
 
 def inside_allocation(spec: JobSpec) -> Allocation | None:
@@ -49,8 +55,15 @@ def inside_allocation(spec: JobSpec) -> Allocation | None:
     return Allocation(job_id=found.job_id, hosts=found.hosts, restarts=found.restarts)
 
 
-async def follow(s: Session, job_id: str, allocation: Allocation | None) -> int:
-    """Follow ``job_id`` until it ends; state changes and progress go to stderr."""
+async def follow(
+    s: Session,
+    job_id: str,
+    allocation: Allocation | None,
+    reconnect: Callable[[], AbstractAsyncContextManager[Session]],
+) -> int:
+    """Follow ``job_id`` until it ends; state changes and progress go to stderr. The bus
+    going away (a server restarting, frozen) is waited out, reconnecting with
+    ``reconnect()``: following must not end, or fail the Slurm job, while the job trains."""
     noticed: list[int] = []
     loop = asyncio.get_running_loop()
     if allocation is not None:
@@ -63,8 +76,11 @@ async def follow(s: Session, job_id: str, allocation: Allocation | None) -> int:
     async def ended() -> JobRecord | None:
         nonlocal last, shown, asked
         if noticed and not asked:
-            asked = True
-            await _stop(s, job_id, noticed[0])
+            try:
+                await _stop(s, job_id, noticed[0])
+                asked = True
+            except CtlError as exc:  # no leader this moment (a takeover): ask again
+                print(f"{job_id}: the stop is not delivered yet: {exc}", file=sys.stderr)
         job = await s.record("jobs", job_id, JobRecord)
         if job is None:
             return None
@@ -80,7 +96,17 @@ async def follow(s: Session, job_id: str, allocation: Allocation | None) -> int:
         return job if job.state.terminal else None
 
     try:
-        job = await wait_until_async(ended, timeout=None, interval=0.5)
+        async with contextlib.AsyncExitStack() as sessions:
+            while True:
+                try:
+                    job = await wait_until_async(ended, timeout=None, interval=0.5)
+                    break
+                except (NatsError, TimeoutError, OSError) as exc:
+                    print(
+                        f"{job_id}: bus away ({exc or type(exc).__name__}); waiting",
+                        file=sys.stderr,
+                    )
+                    s = await _again(sessions, reconnect)
         if allocation is not None and job.requeue:
             # the requeue makes Slurm signal this step again: still handled, not fatal
             return await asyncio.to_thread(_requeue, allocation)
@@ -88,6 +114,19 @@ async def follow(s: Session, job_id: str, allocation: Allocation | None) -> int:
     finally:
         for sig in NOTICES if allocation is not None else ():
             loop.remove_signal_handler(sig)
+
+
+async def _again(
+    sessions: contextlib.AsyncExitStack,
+    reconnect: Callable[[], AbstractAsyncContextManager[Session]],
+) -> Session:
+    """A new session once the bus answers again (tried every :data:`RECONNECT_S`)."""
+    while True:
+        await asyncio.sleep(RECONNECT_S)
+        try:
+            return await sessions.enter_async_context(reconnect())
+        except CtlError:
+            continue
 
 
 async def _stop(s: Session, job_id: str, signum: int) -> None:

@@ -271,7 +271,9 @@ async def _remote(
             loop = "its script's" if spec.job.entry else "the built-in trainer's"
             print(f"{reply.job}: reactions ({loop}): {said}", file=sys.stderr)
             print(reply.job, flush=True)
-            return await follow(s, reply.job, alloc) if args.wait else 0
+            if not args.wait:
+                return 0
+            return await follow(s, reply.job, alloc, lambda: session(url, cluster, creds))
         if cmd == "status":
             data = await status_json(s, args.job)
             for line in s.unreadable:

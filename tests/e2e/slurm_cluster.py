@@ -51,7 +51,8 @@ SlurmdLogFile={dir}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SchedulerParameters=sched_interval=1
+SchedulerParameters=sched_interval=1,nohold_on_prolog_fail
+Prolog={dir}/prolog
 ReturnToService=2
 SlurmdTimeout=10
 JobRequeue=1
@@ -94,9 +95,12 @@ class Slurm:
         (self.dir / "state").mkdir(parents=True, exist_ok=True)
         for name in self.names:
             (self.sockets / "spool" / name).mkdir(parents=True, exist_ok=True)
+        # the second node weighs least: a 1-node job lands there first
         lines = [
-            f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1" for name in self.names
+            f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 Weight={2 - (i == 1)}"
+            for i, name in enumerate(self.names)
         ]
+        self.prolog("exit 0")
         self.conf.write_text(
             CONF.format(
                 cluster=f"rm{os.getpid()}",
@@ -110,6 +114,13 @@ class Slurm:
         key = self.dir / "munge.key"
         subprocess.run(["mungekey", "-c", "-k", str(key)], check=True, capture_output=True)
         key.chmod(0o600)
+
+    def prolog(self, body: str) -> None:
+        """The job prolog every node runs before a job's first step there (a non-zero exit
+        drains the node and requeues the job)."""
+        script = self.dir / "prolog"
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
 
     def start(self) -> None:
         d = self.dir

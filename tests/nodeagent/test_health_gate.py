@@ -5,6 +5,7 @@ real agent is in ``test_agent_golden.py``."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -14,6 +15,7 @@ from nodeagent.health_gate import REFUSED, check, metrics_url, open_conditions, 
 from nodeagent.metrics import condition_family
 from nodeagent.sampling import ActiveConditions
 from proto.conditions import Condition, ConditionKind, Severity
+from ringmaster import rundir
 
 
 class Conditions(Collector):
@@ -50,8 +52,12 @@ def test_only_advisory_conditions_or_none_let_the_node_take_work() -> None:
     assert verdict("n1", open_conditions(exposition())) == (0, "ringmaster: n1 may take work")
 
 
-def test_an_agent_that_cannot_be_asked_is_a_warning_and_no_refusal() -> None:
-    assert metrics_url("0.0.0.0", 0) is None and metrics_url("", -1) is None
-    assert metrics_url("0.0.0.0", 9402) == "http://127.0.0.1:9402/metrics"
+def test_an_agent_that_cannot_be_asked_is_a_warning_and_no_refusal(tmp_path: Path) -> None:
+    assert metrics_url("0.0.0.0", 0, tmp_path) is None
+    assert metrics_url("", -1, tmp_path) is None  # a port chosen at start, not recorded
+    assert metrics_url("0.0.0.0", 9402, tmp_path) == "http://127.0.0.1:9402/metrics"
+    rundir.metrics_port(tmp_path).write_text("41234")  # as the agent records it once bound
+    assert metrics_url("127.0.0.1", -1, tmp_path) == "http://127.0.0.1:41234/metrics"
+    assert metrics_url("127.0.0.1", 0, tmp_path) is None  # off stays off
     code, line = check("n1", None)
     assert code == 0 and line.startswith("warning: ringmaster: cannot ask n1's agent")
