@@ -110,7 +110,4 @@ class OperatorInputs:
 
 
 def _inside(allocation: Allocation | None) -> str:
-    if allocation is None:
-        return ""
-    again = f", requeued {allocation.restarts} times" if allocation.restarts else ""
-    return f" in Slurm job {allocation.job_id} ({', '.join(allocation.hosts)}{again})"
+    return "" if allocation is None else f" in {allocation}"

@@ -234,6 +234,12 @@ class Allocation(msgspec.Struct, kw_only=True):
     hosts: list[str]
     restarts: int = 0
 
+    def __str__(self) -> str:
+        times = {0: "", 1: ", requeued once"}.get(
+            self.restarts, f", requeued {self.restarts} times"
+        )
+        return f"Slurm job {self.job_id} ({', '.join(self.hosts)}{times})"
+
 
 class Exclusion(msgspec.Struct, kw_only=True):
     """A node left out of a job after a fault, and until when (wall time). It is eligible

@@ -19,7 +19,7 @@ from rich.text import Text
 from coordinator import loop_support
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
-from proto.job import GOODPUT_BUCKETS, JobRecord
+from proto.job import GOODPUT_BUCKETS, Allocation, JobRecord
 from proto.node import CoordinatorRecord, NodeRecord
 from proto.progress import Reaction
 
@@ -140,6 +140,12 @@ def left_out(excluded: dict[str, Any], now: float) -> str:
     )
 
 
+def _allocation(alloc: dict[str, Any], requeue: bool) -> str:
+    """The Slurm job a job runs inside, in words."""
+    said = str(msgspec.convert(alloc, Allocation))
+    return said + ("; stopped to be requeued" if requeue else "")
+
+
 def render_job(console: Console, j: dict[str, Any]) -> None:
     table = Table(show_header=False, title=f"job {j['id']}", title_justify="left")
     table.add_column("field", style="bold", no_wrap=True)
@@ -162,12 +168,16 @@ def render_job(console: Console, j: dict[str, Any]) -> None:
         "last_checkpoint_step",
         "world_size",
         "nodes",
+        "spare_nodes",
         "excluded",
         "master_addr",
+        "allocation",
         "reason",
     ):
         value = j.get(key)
-        if key == "excluded":
+        if key == "allocation" and value:
+            value = _allocation(value, bool(j.get("requeue")))
+        elif key == "excluded":
             value = left_out(value or {}, time.time())
         elif key == "state":
             value = _state(str(value))

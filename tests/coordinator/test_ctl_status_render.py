@@ -160,3 +160,18 @@ def test_a_left_out_node_is_shown_with_why_and_until_when() -> None:
     }
     shown = left_out(excluded, now=1_800_000_000.0)
     assert shown == "node-1 until 17:46:40 UTC (node node-1 lost)"
+
+
+def test_a_job_inside_slurm_shows_its_allocation_and_a_pending_requeue() -> None:
+    alloc = {"scheduler": "slurm", "job_id": "4242", "hosts": ["gpu-01", "gpu-02"], "restarts": 1}
+    job = {**JOBS[0], "state": "stopped", "allocation": alloc, "requeue": True}
+    job["spare_nodes"] = ["gpu-02"]
+    console = Console(record=True, width=200)
+    render(console, job, job["id"])
+    text = console.export_text()
+    said = "Slurm job 4242 (gpu-01, gpu-02, requeued once); stopped to be requeued"
+    assert said in text and "spare_nodes" in text and "gpu-02" in text
+    outside = {**JOBS[0], "allocation": None}
+    console = Console(record=True, width=200)
+    render(console, outside, outside["id"])
+    assert "Slurm" not in console.export_text()
