@@ -1,7 +1,7 @@
 """Slurm's warning that an allocation ends, to a durable checkpoint, and its requeue to the
 first step of the next allocation: Ringmaster's path beside Lightning's own auto-requeue.
 
-    sudo .venv/bin/python bench/slurm_requeue.py [--repeats 2] [--json OUT.json]
+    sudo .venv/bin/python bench/slurm_requeue.py [--repeats 2] [--time-limit] [--json OUT.json]
 
 A real Slurm of three nodes (tests/e2e/slurm_cluster.py: ``munged``, ``slurmctld``, a
 ``slurmd`` per node on loopback; ``cred_expire=5``, so Slurm's own delay before a
@@ -14,6 +14,11 @@ requeued job may start is 6 s instead of the default 121 s; ``sched_interval=1``
 - Lightning: ``sbatch --nodes=1 --ntasks=1 --requeue`` of ``bench/slurm_lightning.py``
   (examples/lightning_module.py's model, ``SLURMEnvironment(auto_requeue=True)``, no
   Ringmaster), one process on the CPU. Once it has trained 30 steps, the same signal.
+
+- ``--time-limit``, once: Ringmaster's job submitted with ``--time=2 --signal=B:USR1@90``
+  and no ``scancel``: Slurm's own warning, due 30 s after it starts the job (Slurm sends
+  it from a periodic check, so up to about a minute later); its times count from Slurm's
+  start of the job.
 
 Timed from the moment ``scancel`` returns: the durable checkpoint (Ringmaster: the
 ``job.checkpointed`` event; Lightning: its ``hpc_ckpt_*.ckpt`` on disk), the steps the
@@ -49,12 +54,16 @@ WARM_STEPS = 30
 def slurm_start(s: Slurm, job_id: str, restarts: int) -> float | None:
     """When Slurm started the ``restarts``-th run of ``job_id`` (None: not yet)."""
     fields = s.job(job_id)
-    if int(fields.get("Restarts", "0")) < restarts or fields.get("JobState") != "RUNNING":
+    if int(fields.get("Restarts", "0")) != restarts or fields.get("JobState") != "RUNNING":
         return None
     return datetime.fromisoformat(fields["StartTime"]).timestamp()
 
 
-def ringmaster(s: Slurm, work: Path) -> dict[str, Any]:
+def ringmaster_time_limit(s: Slurm, work: Path) -> dict[str, Any]:
+    return ringmaster(s, work, time_limit=True)
+
+
+def ringmaster(s: Slurm, work: Path, time_limit: bool = False) -> dict[str, Any]:
     ctl = Ctl(work / "cluster", work)
     ctl.env["SLURM_CONF"] = str(s.conf)
     ctl("up", "--nodes", "3")
@@ -67,8 +76,10 @@ def ringmaster(s: Slurm, work: Path) -> dict[str, Any]:
             f"exec {' '.join(ctl.argv('start', '--wait', str(TINY)))} {sets}\n"
         )
         out = f"--output={work / 'batch.out'}"
+        # with --time-limit: Slurm's own warning, USR1 90 s before a 2-minute limit
+        limit = ["--time=2", "--signal=B:USR1@90"] if time_limit else []
         slurm_job = s("sbatch", "--parsable", "--nodes=3", "--requeue", "--open-mode=append",
-                      out, f"--chdir={work}", str(script)).strip()  # fmt: skip
+                      *limit, out, f"--chdir={work}", str(script)).strip()  # fmt: skip
 
         def job_of(run: int) -> dict[str, Any] | None:
             for job in ctl.status()["jobs"]:
@@ -76,11 +87,16 @@ def ringmaster(s: Slurm, work: Path) -> dict[str, Any]:
                     return dict(job)
             return None
 
-        first = wait_for(lambda: (j := job_of(0)) and j["step"] >= WARM_STEPS and j, 300, 1)
+        # with a time limit, Slurm's warning may come before WARM_STEPS: any training will do
+        warm = 1 if time_limit else WARM_STEPS
+        first = wait_for(lambda: (j := job_of(0)) and j["step"] >= warm and j, 300, 0.5)
         assert first, "the job never trained"
-        s("scancel", "--signal=USR1", "--batch", slurm_job)
-        signalled = time.time()
-        stopped = wait_for(lambda: (j := job_of(0)) and j["state"] == "stopped" and j, 120, 0.2)
+        if time_limit:  # times from Slurm's start of the job: its USR1 is due 30 s later
+            signalled = slurm_start(s, slurm_job, 0) or time.time()
+        else:
+            s("scancel", "--signal=USR1", "--batch", slurm_job)
+            signalled = time.time()
+        stopped = wait_for(lambda: (j := job_of(0)) and j["state"] == "stopped" and j, 180, 0.2)
         assert stopped, "the job did not stop"
         said = ctl("tail", "--no-follow", "--json", "--job", first["id"])
         events = [json.loads(line) for line in said.splitlines() if line.strip()]
@@ -152,24 +168,34 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--json", type=Path)
+    p.add_argument(
+        "--time-limit",
+        action="store_true",
+        help="also once: Ringmaster under a 2-minute --time with --signal=B:USR1@90",
+    )
     args = p.parse_args()
     if why := unavailable():
         print(f"slurm_requeue: {why}", file=sys.stderr)
         return 2
     runs: dict[str, list[dict[str, Any]]] = {"ringmaster": [], "lightning": []}
-    for i in range(args.repeats):
-        for name, bench in (("ringmaster", ringmaster), ("lightning", lightning)):
-            with tempfile.TemporaryDirectory(prefix=f"rm-slurm-{name}-") as tmp:
-                s = Slurm(Path(tmp) / "slurm", NODES)
-                s.write()
-                try:
-                    s.start()
-                    result = bench(s, Path(tmp))
-                finally:
-                    s.stop()
-                runs[name].append(result)
-                print(f"{name} #{i + 1}: {json.dumps(result)}", flush=True)
+    plan = [("ringmaster", ringmaster), ("lightning", lightning)] * args.repeats
+    if args.time_limit:
+        runs["ringmaster_time_limit"] = []
+        plan.append(("ringmaster_time_limit", ringmaster_time_limit))
+    for name, bench in plan:
+        with tempfile.TemporaryDirectory(prefix=f"rm-slurm-{name}-") as tmp:
+            s = Slurm(Path(tmp) / "slurm", NODES)
+            s.write()
+            try:
+                s.start()
+                result = bench(s, Path(tmp))
+            finally:
+                s.stop()
+        runs[name].append(result)
+        print(f"{name} #{len(runs[name])}: {json.dumps(result)}", flush=True)
     for name, results in runs.items():
+        if not results:
+            continue
         med = {k: statistics.median(r[k] for r in results) for k in results[0]}
         print(f"{name} median: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
     if args.json:
