@@ -115,9 +115,9 @@ class SlurmDrains:
             return
         self._warned.discard("sinfo")
         current = list(self.nodes())
-        for name in list(self.drained_for):  # a fault closed: a new one drains again
-            node = next((n for n in current if slurm_name(n, known) == name), None)
-            if node is not None and node.state is not NodeState.AWAY and cause(node) is None:
+        for node in current:  # a fault closed: a new one drains again
+            name = slurm_name(node, known)
+            if name in self.drained_for and node.state is not NodeState.AWAY and not cause(node):
                 del self.drained_for[name]
         for change in plan(current, known, self.drained_for):
             await self._apply(change)

@@ -41,7 +41,7 @@ def inside_allocation(spec: JobSpec) -> Allocation | None:
     job: it must hold the job's ``min_nodes`` at least."""
     try:
         found = slurm.allocation()
-    except (slurm.SlurmError, ValueError) as exc:
+    except slurm.SlurmError as exc:
         raise CtlError(f"inside Slurm job, but its nodes are unknown: {exc}") from None
     if found is None:
         return None

@@ -137,14 +137,10 @@ class Slurm:
         wait_until(lambda: self.run("scontrol", "ping").returncode == 0, 30, 0.2)
         for name in self.names:
             self._spawn(name, ["slurmd", "-D", "-N", name])
-        wait_until(
-            lambda: (
-                all(n.state == "idle" for n in self.nodes().values())
-                and len(self.nodes()) == len(self.names)
-            ),
-            30,
-            0.3,
-        )
+        wait_until(lambda: self._all_idle(self.nodes()), 30, 0.3)
+
+    def _all_idle(self, nodes: dict[str, SlurmNode]) -> bool:
+        return len(nodes) == len(self.names) and all(n.state == "idle" for n in nodes.values())
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = (self.dir / f"{name}.out").open("wb")
