@@ -132,10 +132,12 @@ async def _again(
 async def _stop(s: Session, job_id: str, signum: int) -> None:
     name = signal.Signals(signum).name
     why = f"Slurm sent {name}: the allocation ends (time limit or preemption)"
-    print(f"{job_id}: {why}; stopping at a checkpoint to be requeued", file=sys.stderr)
     reply = await s.ask("control", JobControl(job=job_id, action="stop", reason=why, requeue=True))
     if not reply.ok:
-        print(f"{job_id}: the stop was refused: {reply.error}", file=sys.stderr)
+        print(f"{job_id}: {why}; the stop was refused: {reply.error}", file=sys.stderr)
+    else:  # a loop that cannot checkpoint is stopped without one, and the reply says so
+        how = reply.note or "at a checkpoint"
+        print(f"{job_id}: {why}; stopping ({how}) to be requeued", file=sys.stderr)
 
 
 def _requeue(allocation: Allocation) -> int:
