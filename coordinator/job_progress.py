@@ -136,6 +136,8 @@ class ProgressInputs:
                 job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
                 if msg.compile_s is not None:
                     job.compile_s = msg.compile_s
+                if msg.durable_step is not None:
+                    await self._durable_reported(job, msg.durable_step, step)
             case Paused(step=step):
                 self._stamped.pop(job.id, None)  # the pause is not a step's time
                 if job_machine.fire(job, job_machine.Input.PAUSED) is None:
@@ -181,6 +183,28 @@ class ProgressInputs:
                 self._slow_window[key] = set(progress_policy.slow_ranks(job, msg))
                 for action in progress_policy.on_stragglers(job, msg, reported, before):
                     await self.apply(job, action)
+
+    async def _durable_reported(self, job: JobRecord, durable: int, step: int) -> None:
+        """Rank 0's step report names the newest durable step it knows; its own
+        ``checkpointed`` report always goes out before it (:mod:`trainer.checkpoint`).
+        A newer step than the record holds means that report was lost (a bus outage drops
+        what was in flight): the record takes the step report's word and the ledger says
+        where it came from. An older one is the step this attempt resumed from."""
+        known = job.last_checkpoint_step
+        if known is not None and durable <= known:
+            return
+        job.last_checkpoint_step = durable
+        if durable <= (job.resume_step or 0):
+            return  # a checkpoint written before this job or attempt, not a missed report
+        job_machine.fire(job, job_machine.Input.CHECKPOINTED)
+        await self.publish(
+            JobCheckpointed(
+                job=job.id,
+                step=durable,
+                message=f"step {durable} durable, as rank 0 reported at step {step} "
+                "(its own checkpoint report never arrived)",
+            )
+        )
 
     async def _loop_ready(self, job: JobRecord, msg: LoopReady) -> None:
         """Rank 0 opened the rank API: what the loop supports is now the job's record."""

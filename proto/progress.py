@@ -35,6 +35,10 @@ class StepDone(ProgressBase, tag="step"):
     compile_s: float | None = None
     # The newest step sealed in the job's memory tier (rank 0's view); None: no tier.
     memory_step: int | None = None
+    # The newest step rank 0 knows is durable, so a lost Checkpointed report costs the
+    # coordinator's record one step, not a checkpoint interval; None: no checkpoint yet,
+    # or a loop whose checkpoints Ringmaster does not see.
+    durable_step: int | None = None
 
 
 class Paused(ProgressBase, tag="paused"):

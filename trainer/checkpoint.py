@@ -132,7 +132,8 @@ class Checkpointer:
         self.wait()
         if step == self.last_step:
             stall = time.monotonic() - start
-            self._announce(step, stall)
+            if self.durable_step == step:
+                self._announce(step, stall)
             return stall
         self.last_step = step
         if self.memory is not None and step == self.memory_last and self._own is not None:
@@ -311,8 +312,9 @@ class Checkpointer:
             except OSError as exc:
                 print(f"trainer: commit of step {step} failed: {exc}", file=sys.stderr, flush=True)
                 return
-        self.durable_step = step
+        # announced first, so no step report names this step durable before its own report
         self._announce(step, figures.stall_s)
+        self.durable_step = step
 
     def _write(self, where: Path, objects: dict[str, Any]) -> dict[str, durable.FileEntry]:
         """Serialise ``objects`` (and copy the staged files) into ``where``."""
@@ -327,7 +329,7 @@ class Checkpointer:
         return entries
 
     def _announce(self, step: int, stall: float) -> None:
-        if self.on_durable is not None and self.coord.rank == 0 and self.durable_step == step:
+        if self.on_durable is not None and self.coord.rank == 0:
             self.on_durable(step, self.root / durable.step_dir_name(step), stall)
 
 

@@ -261,6 +261,7 @@ class Driver:
                     tokens_per_s=(tokens or 0) / elapsed if elapsed > 0 else 0.0,
                     target_steps=self.target or 0,
                     memory_step=checkpointer.memory_sealed if checkpointer else None,
+                    durable_step=checkpointer.durable_step if checkpointer else None,
                 )
             )
         session.periodic()

@@ -260,6 +260,23 @@ async def test_running_to_checkpointing_and_back() -> None:
     assert isinstance(c.events[-1], JobCheckpointed) and c.events[-1].stall_s == 0.2
 
 
+async def test_a_lost_checkpoint_report_costs_the_record_one_step_report() -> None:
+    c = Cluster()
+    m = c.leader()
+    job = await running(c, m)
+    await rank0(m, Checkpointed(job=job.id, step=20, path="/ck/step-20"))
+    await rank0(m, StepDone(job=job.id, step=21, durable_step=20))
+    assert [e.step for e in c.events if isinstance(e, JobCheckpointed)] == [20]  # said once
+    # step 40's own report was lost on the bus: step 41's report names it durable
+    await rank0(m, StepDone(job=job.id, step=41, durable_step=40))
+    await m.flush()
+    assert (await c.stored(job.id)).last_checkpoint_step == 40
+    said = [e for e in c.events if isinstance(e, JobCheckpointed)]
+    assert [e.step for e in said] == [20, 40] and "never arrived" in said[-1].message
+    await rank0(m, StepDone(job=job.id, step=42, durable_step=40))
+    assert len([e for e in c.events if isinstance(e, JobCheckpointed)]) == 2
+
+
 async def test_running_to_completed_when_every_rank_is_done() -> None:
     c = Cluster()
     m = c.leader()

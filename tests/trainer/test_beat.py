@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import Launcher
 
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
@@ -21,6 +20,7 @@ from ringmaster import rankbeat
 from ringmaster.procs import wait_until
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING
 from ringmaster.rundir import STACKS_SIGNAL
+from tests.trainer.conftest import Launcher
 from trainer.beat import Beat
 from trainer.fake_agent import FakeAgent
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import free_port
 
 from proto.progress import BandwidthChecked
+from tests.trainer.conftest import free_port
 from trainer import preflight_bw
 from trainer.log import Log
 

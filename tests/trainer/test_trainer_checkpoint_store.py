@@ -97,6 +97,25 @@ def test_saving_the_same_step_again_reports_it_without_rewriting(tmp_path: Path)
     assert durable.read_manifest(tmp_path / "ckpt" / "step-5") == created
 
 
+def test_a_step_is_reported_durable_before_step_reports_can_name_it(tmp_path: Path) -> None:
+    """Rank 0's step reports carry ``durable_step``; its own report must go out first, or
+    the coordinator would take a step report's word for a report still on its way."""
+    seen: list[tuple[int, int | None]] = []
+    ckpt = Checkpointer(
+        tmp_path / "ckpt",
+        tmp_path / "staging",
+        Coordination(),
+        keep=3,
+        engine="ddp",
+        job="t-0a1b2c",
+        on_durable=lambda step, path, stall: seen.append((step, ckpt.durable_step)),
+    )
+    ckpt.save(10, state(10))
+    ckpt.save(20, state(20))
+    ckpt.close()
+    assert seen == [(10, None), (20, 10)] and ckpt.durable_step == 20
+
+
 def test_loop_blocks_only_for_the_snapshot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ckpt, _ = make(tmp_path)
     release = threading.Event()
