@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("auto", "on", "off"),
         default="auto",
         help="drain in Slurm the nodes Ringmaster finds bad, lift its own drains when they "
-        "heal (auto: where scontrol and a slurm.conf are found)",
+        "heal (auto: in each round where scontrol and a slurm.conf are found)",
     )
     p.add_argument("--log-json", action="store_true")
     args = p.parse_args(argv)
@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
         print("coordinator: --lease-ttl must be at least 1 second", file=sys.stderr)
         return 2
     configure("coordinator", json=args.log_json)
-    drains = args.slurm == "on" or (args.slurm == "auto" and slurm.available())
     if args.slurm == "on" and not slurm.available():
         log.warning("--slurm on, but no scontrol or slurm.conf here: drains will fail")
 
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics_retention_s=args.metrics_retention_s,
             alert_url=alert_url,
             creds=args.creds,
-            slurm=drains,
+            slurm=args.slurm,
         ).run(stop)
 
     try:

@@ -32,6 +32,7 @@ from proto.codec import control_decoder, decode_event, encode, progress_decoder,
 from proto.events import NODE_REPORTED, EventBase, NodeAway, NodeLost, Severity, kind_of
 from proto.node import NodeRecord
 from ringmaster.retry import backoff
+from ringmaster.slurm import available as slurm_available
 
 log = structlog.get_logger()
 Handler = Callable[[str, bytes], Awaitable[None]]  # subject, data
@@ -54,7 +55,7 @@ class Leadership:
         publish: Callable[[EventBase], Awaitable[None]],
         decisions: Histogram | None = None,
         alert: Callable[[EventBase], None] = lambda event: None,
-        slurm: bool = False,
+        slurm: str = "off",
     ) -> None:
         self.alert = alert  # node events reach the leader only here; its own via publish
         self.nc, self.js, self.cluster, self.me = nc, js, cluster, me
@@ -65,12 +66,15 @@ class Leadership:
         self._node_written: dict[str, tuple[object, float]] = {}
         # drains in Slurm for what the nodes report (coordinator.slurm_drains), jobs whose
         # allocation is gone stopped (coordinator.slurm_jobs); None: off
-        self.slurm = SlurmDrains(lambda: self.registry.nodes.values(), publish) if slurm else None
+        on = slurm != "off"
+        self.slurm = SlurmDrains(lambda: self.registry.nodes.values(), publish) if on else None
         self.allocations = (
             SlurmAllocations(lambda: list(self.jobs.jobs.values()), self.jobs.control)
-            if slurm
+            if on
             else None
         )
+        # auto: a round runs only while Slurm's commands and configuration are there
+        self._slurm_here = slurm_available if slurm == "auto" else lambda: True
 
     async def start(self) -> None:
         await self.jobs.load()
@@ -90,8 +94,8 @@ class Leadership:
             "nodes": lambda: self._every(1.0, self._write_nodes),
         }
         if (drains := self.slurm) is not None and (allocs := self.allocations) is not None:
-            duties["slurm"] = lambda: self._every(POLL_S, drains.reconcile)
-            duties["allocations"] = lambda: self._every(POLL_S, allocs.reconcile)
+            duties["slurm"] = lambda: self._every(POLL_S, self._in_slurm(drains.reconcile))
+            duties["allocations"] = lambda: self._every(POLL_S, self._in_slurm(allocs.reconcile))
         self._tasks = [
             asyncio.create_task(self._forever(name, duty), name=name)
             for name, duty in duties.items()
@@ -133,6 +137,15 @@ class Leadership:
         ):
             with attempt:
                 await duty()
+
+    def _in_slurm(self, work: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """``work``, skipped in a round where Slurm is not there (``--slurm auto``)."""
+
+        async def round_() -> None:
+            if await asyncio.to_thread(self._slurm_here):
+                await work()
+
+        return round_
 
     @staticmethod
     async def _every(period: float, work: Callable[[], Awaitable[None]]) -> None:

@@ -56,9 +56,11 @@ class Coordinator:
         metrics_retention_s: float = RETENTION_S,
         alert_url: str = "",
         creds: str | None = None,
-        slurm: bool = False,
+        slurm: str = "off",
     ) -> None:
-        self.slurm = slurm  # drain in Slurm what the nodes report (coordinator.slurm_drains)
+        # drain in Slurm what the nodes report (coordinator.slurm_drains): on, off, or auto
+        # (whenever Slurm's commands and configuration are there)
+        self.slurm = slurm
         self.creds = creds  # creds file path (ringmaster.auth); None: no auth
         self.alert_url = alert_url  # the coordinator's own webhook (jobs may add theirs)
         self.alerter: Alerter | None = None

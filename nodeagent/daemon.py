@@ -132,7 +132,7 @@ class Agent:
             registry_for(self), cfg.metrics_port, cfg.metrics_addr, host=self.addr
         )
         if self.metrics is not None:  # a port chosen at start: the health gate reads it here
-            rundir.metrics_port(self.run_dir).write_text(str(self.metrics.port))
+            rundir.metrics_url(self.run_dir).write_text(self.metrics.url)
         listener: ProbeListener | None = None
         try:
             record = rundir.probe_port(self.run_dir)

@@ -86,10 +86,12 @@ def check(node: str, url: str | None, timeout_s: float = TIMEOUT_S) -> tuple[int
 
 def metrics_url(addr: str, port: int, run_dir: Path) -> str | None:
     """Where the local agent serves ``/metrics`` (None: off, or on a port chosen at start
-    that the agent has not recorded in ``run_dir``)."""
+    that the agent has not recorded in ``run_dir``, with the address it bound)."""
     if port == ANY_PORT:
-        with contextlib.suppress(OSError, ValueError):
-            port = int(rundir.metrics_port(run_dir).read_text())
+        with contextlib.suppress(OSError):
+            recorded = rundir.metrics_url(run_dir).read_text().strip()
+            return recorded if recorded.startswith("http://") else None
+        return None
     if port <= 0:
         return None
     host = "127.0.0.1" if addr in ("", "0.0.0.0") else addr

@@ -76,10 +76,11 @@ def probe_port(run_dir: Path) -> Path:
     return run_dir / "probe-port"
 
 
-def metrics_port(run_dir: Path) -> Path:
-    """The port the agent's ``/metrics`` listens on, as bound (``nodeagent
-    --health-gate`` reads it where the configuration leaves the port to the kernel)."""
-    return run_dir / "metrics-port"
+def metrics_url(run_dir: Path) -> Path:
+    """The URL of the agent's ``/metrics`` as bound, address and port (``nodeagent
+    --health-gate`` reads it where the configuration leaves the port to the kernel, and
+    the address may be one given on the agent's command line)."""
+    return run_dir / "metrics-url"
 
 
 def sim_knobs(run_dir: Path) -> Path:

@@ -1,11 +1,14 @@
 """A real Slurm for end-to-end tests, started and stopped by the test itself.
 
-Debian's ``munged``, one ``slurmctld`` and one ``slurmd`` per simulated node (``-N
-node-i``, each on a port of its own on loopback, so their names are the local cluster's
-node ids), all in the foreground as children of the test, configured by a ``slurm.conf``
-of the test's own (``SLURM_CONF``): no systemd, nothing in ``/etc``. Every process is
-stopped when the test ends. Where Slurm cannot run (not root, packages missing), the test
-skips, saying why.
+Debian's ``munged``, one ``slurmctld`` on the host and one ``slurmd`` per node of an
+``up --netns`` cluster, each in that node's network namespace and in a UTS namespace of
+its own whose hostname is the node's id, so ``slurmd`` finds its own ``NodeName`` by
+hostname as on a real machine, and answers on the node's own address on the control
+bridge; jobs, their ``Prolog`` and their batch scripts run there, beside that node's agent.
+All run in the foreground as children of the test, configured by a ``slurm.conf`` of the
+test's own (``SLURM_CONF``): no systemd, nothing in ``/etc``. Every process is stopped
+when the test ends (the cluster's ``down`` removes the namespaces). Where Slurm cannot run
+(not root, packages missing, no namespaces), the test skips, saying why.
 """
 
 from __future__ import annotations
@@ -23,20 +26,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from cli_harness import netns_unavailable
 
+from coordinator.ctl.netns import Netns
 from ringmaster.procs import wait_until
 from ringmaster.slurm import SlurmNode, parse_nodes
 
 NEEDED = (
     "munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel", "squeue",
+    "nsenter", "unshare", "hostname",
 )  # fmt: skip
 # Slurm's own delay before a requeued job may start again is the job credential's
 # lifetime plus one second (default 120 s); a short one keeps the test short.
 CONF = """\
 ClusterName={cluster}
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost=localhost({host_addr})
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
+SlurmdPort=6818
 AuthType=auth/munge
 AuthInfo=socket={sockets}/munge.socket,cred_expire=5
 CredType=cred/munge
@@ -45,7 +51,7 @@ SlurmdUser=root
 StateSaveLocation={dir}/state
 SlurmdSpoolDir={sockets}/spool/%n
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd-%n.pid
+SlurmdPidFile={sockets}/spool/%n/slurmd.pid
 SlurmctldLogFile={dir}/slurmctld.log
 SlurmdLogFile={dir}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
@@ -71,7 +77,7 @@ def unavailable() -> str:
     missing = [tool for tool in NEEDED if shutil.which(tool) is None]
     if missing:
         return f"Slurm is not installed ({', '.join(missing)} missing): see scripts/bootstrap.sh"
-    return ""
+    return netns_unavailable()
 
 
 def free_port() -> int:
@@ -91,21 +97,21 @@ class Slurm:
         # which a test's own directory may exceed
         self.sockets = Path(tempfile.mkdtemp(prefix="rm-slurm-", dir="/tmp"))
 
-    def write(self) -> None:
+    def write(self, net: Netns) -> None:
         (self.dir / "state").mkdir(parents=True, exist_ok=True)
         for name in self.names:
             (self.sockets / "spool" / name).mkdir(parents=True, exist_ok=True)
         # the second node weighs least: a 1-node job lands there first
         lines = [
-            f"NodeName={name} NodeAddr=127.0.0.1 Port={free_port()} CPUs=1 Weight={2 - (i == 1)}"
+            f"NodeName={name} NodeAddr={net.nodes[name].ctl_addr} CPUs=1 Weight={2 - (i == 1)}"
             for i, name in enumerate(self.names)
         ]
         self.prolog("exit 0")
         self.conf.write_text(
             CONF.format(
                 cluster=f"rm{os.getpid()}",
+                host_addr=net.host_addr,
                 ctld_port=free_port(),
-                slurmd_port=free_port(),
                 dir=self.dir,
                 sockets=self.sockets,
                 nodes="\n".join(lines),
@@ -122,7 +128,12 @@ class Slurm:
         script.write_text(f"#!/bin/sh\n{body}\n")
         script.chmod(0o755)
 
-    def start(self) -> None:
+    def start(self, net: Netns | None) -> None:
+        """Slurm on the nodes of the namespaced cluster ``net`` (None: the cluster is not
+        namespaced, and the test skips)."""
+        if net is None:
+            pytest.skip("a Slurm per node needs the cluster up with --netns")
+        self.write(net)
         d = self.dir
         self._spawn(
             "munged",
@@ -136,7 +147,12 @@ class Slurm:
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
         wait_until(lambda: self.run("scontrol", "ping").returncode == 0, 30, 0.2)
         for name in self.names:
-            self._spawn(name, ["slurmd", "-D", "-N", name])
+            # in the node's network namespace, with the node's id as its own hostname
+            # (nsenter, not ``ip netns exec``, whose fresh /sys lacks the cgroup mounts
+            # slurmd reads)
+            netns = f"--net=/run/netns/{net.nodes[name].namespace}"
+            namespace = ["nsenter", netns, "unshare", "--uts"]
+            self._spawn(name, [*namespace, "sh", "-c", f"hostname {name} && exec slurmd -D"])
         wait_until(lambda: self._all_idle(self.nodes()), 30, 0.3)
 
     def _all_idle(self, nodes: dict[str, SlurmNode]) -> bool:
@@ -214,9 +230,7 @@ def slurm(directory: Path, nodes: list[str]) -> Iterator[Slurm]:
     if why := unavailable():
         pytest.skip(why)
     cluster = Slurm(directory, nodes)
-    cluster.write()
     try:
-        cluster.start()
-        yield cluster
+        yield cluster  # started by the test once its cluster is up
     finally:
         cluster.stop()

@@ -1,4 +1,6 @@
-"""Inside a Slurm allocation, against a real Slurm (tests/e2e/slurm_cluster.py).
+"""Inside a Slurm allocation, against a real Slurm (tests/e2e/slurm_cluster.py): the
+cluster is ``up --netns``, and each node's ``slurmd`` runs in that node's network
+namespace under the node's id as its hostname, beside its agent.
 
 With ``nodeagent --health-gate`` as Slurm's ``Prolog``, a node with an open warning
 refuses a job Slurm placed there, and the job runs on another node. An ``sbatch -N 3``
@@ -30,6 +32,7 @@ import pytest
 from cli_harness import EXAMPLES, Ctl, eventually
 from slurm_cluster import Slurm, slurm
 
+from coordinator.ctl import netns as ns
 from coordinator.ctl.home import pid_file
 from ringmaster.procs import read_pid
 from ringmaster.slurm import REQUEUE_EXIT
@@ -40,7 +43,9 @@ BUS_FREEZE_S = 30.0  # twice the away grace: only the bus' own canary tells it f
 
 
 @pytest.fixture
-def slurm_cluster(tmp_path: Path) -> Any:
+def slurm_cluster(tmp_path: Path, ctl: Ctl) -> Any:
+    """Slurm for the cluster of ``ctl``, stopped before that cluster goes down (its
+    namespaces with it)."""
     with slurm(tmp_path / "slurm", NODES) as cluster:
         yield cluster
 
@@ -92,7 +97,8 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
 ) -> None:
     s = slurm_cluster
     ctl.env["SLURM_CONF"] = str(s.conf)  # the coordinators drain through this Slurm
-    ctl("up", "--nodes", "3")
+    ctl("up", "--netns", "--nodes", "3")  # a Slurm node and its agent share a namespace
+    s.start(ns.read(ctl.home))
 
     # the health gate as Slurm's Prolog: a node with an open warning refuses the job
     # Slurm placed there (Slurm drains it, "Prolog error"), and the job runs elsewhere
@@ -178,7 +184,8 @@ def test_restarts_drain_nothing_and_a_node_lost_with_no_spare_is_requeued_withou
 ) -> None:
     s = slurm_cluster
     ctl.env["SLURM_CONF"] = str(s.conf)
-    ctl("up", "--nodes", "3")
+    ctl("up", "--netns", "--nodes", "3")  # a Slurm node and its agent share a namespace
+    s.start(ns.read(ctl.home))
     out = tmp_path / "batch.out"
     slurm_job = s(
         "sbatch", "--parsable", "--nodes=2", "--requeue", "--open-mode=append",

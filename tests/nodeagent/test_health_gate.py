@@ -56,8 +56,12 @@ def test_an_agent_that_cannot_be_asked_is_a_warning_and_no_refusal(tmp_path: Pat
     assert metrics_url("0.0.0.0", 0, tmp_path) is None
     assert metrics_url("", -1, tmp_path) is None  # a port chosen at start, not recorded
     assert metrics_url("0.0.0.0", 9402, tmp_path) == "http://127.0.0.1:9402/metrics"
-    rundir.metrics_port(tmp_path).write_text("41234")  # as the agent records it once bound
-    assert metrics_url("127.0.0.1", -1, tmp_path) == "http://127.0.0.1:41234/metrics"
+    # as the agent records it once bound: on the address it was given, which the
+    # configuration the gate reads may not name
+    rundir.metrics_url(tmp_path).write_text("http://198.18.0.11:41234/metrics\n")
+    assert metrics_url("0.0.0.0", -1, tmp_path) == "http://198.18.0.11:41234/metrics"
+    rundir.metrics_url(tmp_path).write_text("garbage")
+    assert metrics_url("0.0.0.0", -1, tmp_path) is None
     assert metrics_url("127.0.0.1", 0, tmp_path) is None  # off stays off
     code, line = check("n1", None)
     assert code == 0 and line.startswith("warning: ringmaster: cannot ask n1's agent")
