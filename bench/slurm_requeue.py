@@ -4,16 +4,18 @@ first step of the next allocation: Ringmaster's path beside Lightning's own auto
     sudo .venv/bin/python bench/slurm_requeue.py [--repeats 2] [--time-limit] [--json OUT.json]
 
 A real Slurm of three nodes (tests/e2e/slurm_cluster.py: ``munged``, ``slurmctld``, a
-``slurmd`` per node on loopback; ``cred_expire=5``, so Slurm's own delay before a
-requeued job may start is 6 s instead of the default 121 s; ``sched_interval=1``).
+``slurmd`` per node in the node's network namespace, its hostname the node's id;
+``cred_expire=5``, so Slurm's own delay before a requeued job may start is 6 s instead of
+the default 121 s; ``sched_interval=1``).
 
-- Ringmaster: ``coordinatorctl up --nodes 3``; ``sbatch --nodes=3 --requeue`` of a script
+- Ringmaster: ``coordinatorctl up --netns --nodes 3``; ``sbatch --nodes=3 --requeue`` of a script
   that runs ``exec coordinatorctl start --wait examples/tiny.toml`` (2 nodes train, 1 is the
   spare; a periodic checkpoint only every 1000 steps). Once it has trained 30 steps,
   ``scancel --signal=USR1 --batch``.
 - Lightning: ``sbatch --nodes=1 --ntasks=1 --requeue`` of ``bench/slurm_lightning.py``
   (examples/lightning_module.py's model, ``SLURMEnvironment(auto_requeue=True)``, no
-  Ringmaster), one process on the CPU. Once it has trained 30 steps, the same signal.
+  Ringmaster; the same namespaces, no agents in them), one process on the CPU. Once it
+  has trained 30 steps, the same signal.
 
 - ``--time-limit``, once: Ringmaster's job submitted with ``--time=2 --signal=B:USR1@90``
   and no ``scancel``: Slurm's own warning, due 30 s after it starts the job (Slurm sends
@@ -35,6 +37,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,7 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from slurm_cluster import Slurm, unavailable  # noqa: E402
 
 from bench.cluster_harness import TINY, Ctl, read_records, wait_for  # noqa: E402
+from coordinator.ctl import netns as ns  # noqa: E402
 
 NODES = ["node-0", "node-1", "node-2"]
 WARM_STEPS = 30
@@ -59,68 +64,97 @@ def slurm_start(s: Slurm, job_id: str, restarts: int) -> float | None:
     return datetime.fromisoformat(fields["StartTime"]).timestamp()
 
 
-def ringmaster_time_limit(s: Slurm, work: Path) -> dict[str, Any]:
-    return ringmaster(s, work, time_limit=True)
-
-
-def ringmaster(s: Slurm, work: Path, time_limit: bool = False) -> dict[str, Any]:
-    ctl = Ctl(work / "cluster", work)
-    ctl.env["SLURM_CONF"] = str(s.conf)
-    ctl("up", "--nodes", "3")
+@contextmanager
+def slurm_on(net: ns.Netns | None, work: Path) -> Iterator[Slurm]:
+    """Slurm on the namespaced nodes ``net``, stopped at the end."""
+    s = Slurm(work / "slurm", NODES)
     try:
-        script = work / "train.sbatch"
-        sets = "--set train.steps=100000 --set checkpoint.every_steps=1000"
-        sets += f" --set checkpoint.dir={work / 'ckpt'}"
-        script.write_text(
-            f"#!/bin/bash\nexport RINGMASTER_HOME={ctl.home}\n"
-            f"exec {' '.join(ctl.argv('start', '--wait', str(TINY)))} {sets}\n"
-        )
-        out = f"--output={work / 'batch.out'}"
-        # with --time-limit: Slurm's own warning, USR1 90 s before a 2-minute limit
-        limit = ["--time=2", "--signal=B:USR1@90"] if time_limit else []
-        slurm_job = s("sbatch", "--parsable", "--nodes=3", "--requeue", "--open-mode=append",
-                      *limit, out, f"--chdir={work}", str(script)).strip()  # fmt: skip
+        s.start(net)
+        yield s
+    finally:
+        s.stop()
 
-        def job_of(run: int) -> dict[str, Any] | None:
-            for job in ctl.status()["jobs"]:
-                if (job.get("allocation") or {}).get("restarts") == run:
-                    return dict(job)
-            return None
 
-        # with a time limit, Slurm's warning may come before WARM_STEPS: any training will do
-        warm = 1 if time_limit else WARM_STEPS
-        first = wait_for(lambda: (j := job_of(0)) and j["step"] >= warm and j, 300, 0.5)
-        assert first, "the job never trained"
-        if time_limit:  # times from Slurm's start of the job: its USR1 is due 30 s later
-            signalled = slurm_start(s, slurm_job, 0) or time.time()
-        else:
-            s("scancel", "--signal=USR1", "--batch", slurm_job)
-            signalled = time.time()
-        stopped = wait_for(lambda: (j := job_of(0)) and j["state"] == "stopped" and j, 180, 0.2)
-        assert stopped, "the job did not stop"
-        said = ctl("tail", "--no-follow", "--json", "--job", first["id"])
-        events = [json.loads(line) for line in said.splitlines() if line.strip()]
-        saved = [e for e in events if e["kind"] == "job.checkpointed"][-1]
-        logged = [r for r in read_records(ctl.logs(first["id"])) if r.event == "step"]
-        newest = max(int(r.fields["step"]) for r in logged if r.wall <= signalled + 60)
-        started = wait_for(lambda: slurm_start(s, slurm_job, 1), 180, 0.5)
-        again = wait_for(lambda: (j := job_of(1)) and j["step"] and j, 300, 0.5)
-        assert started and again, "the requeued job never trained"
-        steps = [r for r in read_records(ctl.logs(again["id"])) if r.event == "step"]
-        return {
-            "checkpoint_s": datetime.fromisoformat(saved["time"]).timestamp() - signalled,
-            "checkpoint_step": saved["step"],
-            "steps_lost": newest - saved["step"],
-            "resumed_step": again["resume_step"],
-            "requeued_start_s": started - signalled,
-            "first_step_s": steps[0].wall - signalled,
-            "first_step_after_start_s": steps[0].wall - started,
-        }
+def ringmaster_time_limit(work: Path) -> dict[str, Any]:
+    return ringmaster(work, time_limit=True)
+
+
+def ringmaster(work: Path, time_limit: bool = False) -> dict[str, Any]:
+    ctl = Ctl(work / "cluster", work)
+    ctl.env["SLURM_CONF"] = str(work / "slurm" / "slurm.conf")
+    ctl("up", "--netns", "--nodes", "3")
+    try:
+        with slurm_on(ns.read(ctl.home), work) as s:
+            return ringmaster_run(ctl, s, work, time_limit)
     finally:
         ctl("down", check=False)
 
 
-def lightning(s: Slurm, work: Path) -> dict[str, Any]:
+def ringmaster_run(ctl: Ctl, s: Slurm, work: Path, time_limit: bool) -> dict[str, Any]:
+    script = work / "train.sbatch"
+    sets = "--set train.steps=100000 --set checkpoint.every_steps=1000"
+    sets += f" --set checkpoint.dir={work / 'ckpt'}"
+    script.write_text(
+        f"#!/bin/bash\nexport RINGMASTER_HOME={ctl.home}\n"
+        f"exec {' '.join(ctl.argv('start', '--wait', str(TINY)))} {sets}\n"
+    )
+    out = f"--output={work / 'batch.out'}"
+    # with --time-limit: Slurm's own warning, USR1 90 s before a 2-minute limit
+    limit = ["--time=2", "--signal=B:USR1@90"] if time_limit else []
+    slurm_job = s("sbatch", "--parsable", "--nodes=3", "--requeue", "--open-mode=append",
+                  *limit, out, f"--chdir={work}", str(script)).strip()  # fmt: skip
+
+    def job_of(run: int) -> dict[str, Any] | None:
+        for job in ctl.status()["jobs"]:
+            if (job.get("allocation") or {}).get("restarts") == run:
+                return dict(job)
+        return None
+
+    # with a time limit, Slurm's warning may come before WARM_STEPS: any training will do
+    warm = 1 if time_limit else WARM_STEPS
+    first = wait_for(lambda: (j := job_of(0)) and j["step"] >= warm and j, 300, 0.5)
+    assert first, "the job never trained"
+    if time_limit:  # times from Slurm's start of the job: its USR1 is due 30 s later
+        signalled = slurm_start(s, slurm_job, 0) or time.time()
+    else:
+        s("scancel", "--signal=USR1", "--batch", slurm_job)
+        signalled = time.time()
+    stopped = wait_for(lambda: (j := job_of(0)) and j["state"] == "stopped" and j, 180, 0.2)
+    assert stopped, "the job did not stop"
+    said = ctl("tail", "--no-follow", "--json", "--job", first["id"])
+    events = [json.loads(line) for line in said.splitlines() if line.strip()]
+    saved = [e for e in events if e["kind"] == "job.checkpointed"][-1]
+    logged = [r for r in read_records(ctl.logs(first["id"])) if r.event == "step"]
+    newest = max(int(r.fields["step"]) for r in logged if r.wall <= signalled + 60)
+    started = wait_for(lambda: slurm_start(s, slurm_job, 1), 180, 0.5)
+    again = wait_for(lambda: (j := job_of(1)) and j["step"] and j, 300, 0.5)
+    assert started and again, "the requeued job never trained"
+    steps = [r for r in read_records(ctl.logs(again["id"])) if r.event == "step"]
+    return {
+        "checkpoint_s": datetime.fromisoformat(saved["time"]).timestamp() - signalled,
+        "checkpoint_step": saved["step"],
+        "steps_lost": newest - saved["step"],
+        "resumed_step": again["resume_step"],
+        "requeued_start_s": started - signalled,
+        "first_step_s": steps[0].wall - signalled,
+        "first_step_after_start_s": steps[0].wall - started,
+    }
+
+
+def lightning(work: Path) -> dict[str, Any]:
+    """Lightning in the same namespaces a Ringmaster cluster would use, none of its daemons."""
+    where = work / "net"
+    where.mkdir()
+    net = ns.plan(where, NODES, ns.CTL_NET, ns.DATA_NET)
+    ns.create(where, net)
+    try:
+        with slurm_on(net, work) as s:
+            return lightning_run(s, work)
+    finally:
+        ns.remove(where)
+
+
+def lightning_run(s: Slurm, work: Path) -> dict[str, Any]:
     steps = work / "steps.log"
     script = work / "pl.sbatch"
     script.write_text(
@@ -184,13 +218,7 @@ def main() -> int:
         plan.append(("ringmaster_time_limit", ringmaster_time_limit))
     for name, bench in plan:
         with tempfile.TemporaryDirectory(prefix=f"rm-slurm-{name}-") as tmp:
-            s = Slurm(Path(tmp) / "slurm", NODES)
-            s.write()
-            try:
-                s.start()
-                result = bench(s, Path(tmp))
-            finally:
-                s.stop()
+            result = bench(Path(tmp))
         runs[name].append(result)
         print(f"{name} #{len(runs[name])}: {json.dumps(result)}", flush=True)
     for name, results in runs.items():
