@@ -34,7 +34,7 @@ from ringmaster.slurm import SlurmNode, parse_nodes
 
 NEEDED = (
     "munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "scancel", "squeue",
-    "nsenter", "unshare", "hostname",
+    "sacct", "nsenter", "unshare", "hostname",
 )  # fmt: skip
 # Slurm's own delay before a requeued job may start again is the job credential's
 # lifetime plus one second (default 120 s); a short one keeps the test short.
@@ -64,7 +64,8 @@ SlurmdTimeout=10
 JobRequeue=1
 MpiDefault=none
 SwitchType=switch/none
-JobCompType=jobcomp/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={dir}/jobcomp.log
 {nodes}
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
@@ -218,6 +219,12 @@ class Slurm:
     def nodes(self) -> dict[str, SlurmNode]:
         done = self.run("sinfo", "--noheader", "--Node", "--format=%N|%T|%E")
         return parse_nodes(done.stdout) if done.returncode == 0 else {}
+
+    def completions(self, job_id: str) -> list[tuple[str, str]]:
+        """``sacct -c`` (the job completion log, no accounting database): each run of
+        ``job_id`` that ended, as (state, exit code)."""
+        out = self("sacct", "-c", "-X", "-n", "-P", "-j", job_id, "--format=State,ExitCode")
+        return [(state, code) for state, code in (line.split("|") for line in out.splitlines())]
 
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job`` as key → value (values without spaces)."""

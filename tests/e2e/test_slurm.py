@@ -176,6 +176,10 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
     assert s.job(slurm_job)["Restarts"] == "1"
     ctl("stop", again["id"])
     ctl.wait(again["id"], lambda j: j["state"] == "stopped")
+    # what Slurm's accounting says of the two runs (sacct over the job completion log):
+    # the run stopped to be requeued, then the run the operator stopped, exit 1
+    runs = [("PENDING", "0:0"), ("FAILED", "1:0")]
+    eventually(lambda: s.completions(slurm_job) == runs, 30, lambda: s.completions(slurm_job), 0.5)
 
 
 @pytest.mark.timeout(600)
@@ -235,3 +239,5 @@ def test_restarts_drain_nothing_and_a_node_lost_with_no_spare_is_requeued_withou
     os.kill(batch, signal.SIGKILL)
     ended = ctl.wait(again["id"], lambda j: j["state"] == "stopped", timeout=60)
     assert "its allocation is gone" in ended["reason"] and not ended["requeue"], ended
+    runs = [("PENDING", "0:0"), ("FAILED", "0:9")]  # requeued; then killed by SIGKILL
+    eventually(lambda: s.completions(slurm_job) == runs, 30, lambda: s.completions(slurm_job), 0.5)
