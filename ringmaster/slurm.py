@@ -144,12 +144,26 @@ def job_state(job_id: str) -> str:
     """The Slurm job's state (``RUNNING``, ``CANCELLED``, ``PENDING`` once requeued …);
     ``GONE`` once Slurm no longer knows it (purged after ``MinJobAge``)."""
     try:
-        out = run(["scontrol", "show", "job", "--oneliner", job_id])
+        return _job_field(job_id, "JobState")
     except SlurmError as exc:
         if "Invalid job id" in str(exc):
             return "GONE"
         raise
+
+
+def restarts(job_id: str) -> int:
+    """How many times Slurm has requeued the job (its ``Restarts``): by ``scontrol
+    requeue``, or by itself on a preemption with ``PreemptMode=REQUEUE``."""
+    value = _job_field(job_id, "Restarts")
+    if not value.isdigit():
+        raise SlurmError(f"scontrol show job {job_id}: Restarts={value!r} is not a count")
+    return int(value)
+
+
+def _job_field(job_id: str, name: str) -> str:
+    out = run(["scontrol", "show", "job", "--oneliner", job_id])
     for field in out.split():
-        if field.startswith("JobState="):
-            return field.partition("=")[2]
-    raise SlurmError(f"scontrol show job {job_id}: no JobState in its answer")
+        key, _, value = field.partition("=")
+        if key == name:
+            return value
+    raise SlurmError(f"scontrol show job {job_id}: no {name} in its answer")

@@ -141,10 +141,28 @@ async def _stop(s: Session, job_id: str, signum: int) -> None:
 
 
 def _requeue(allocation: Allocation) -> int:
-    try:
-        slurm.requeue(allocation.job_id)
-        said = f"requeued Slurm job {allocation.job_id}"
-    except slurm.SlurmError as exc:  # --no-requeue, or Slurm away: the exit code says it
-        said = f"warning: Slurm job {allocation.job_id} not requeued: {exc}"
+    """``scontrol requeue`` unless Slurm requeued this run already (a preemption with
+    ``PreemptMode=REQUEUE`` does before the job has stopped, and refuses a second one)."""
+    job_id = allocation.job_id
+    if _requeued_since(allocation):
+        said = f"Slurm job {job_id} already requeued by Slurm"
+    else:
+        try:
+            slurm.requeue(job_id)
+            said = f"requeued Slurm job {job_id}"
+        except slurm.SlurmError as exc:  # --no-requeue, or Slurm away: the exit code says it
+            said = (
+                f"Slurm job {job_id} already requeued by Slurm"
+                if _requeued_since(allocation)
+                else f"warning: Slurm job {job_id} not requeued: {exc}"
+            )
     print(f"{said}; exit {slurm.REQUEUE_EXIT} (requeue me)", file=sys.stderr)
     return slurm.REQUEUE_EXIT
+
+
+def _requeued_since(allocation: Allocation) -> bool:
+    """Slurm has requeued the job since this run began (its count is past this run's)."""
+    try:
+        return slurm.restarts(allocation.job_id) > allocation.restarts
+    except slurm.SlurmError:
+        return False  # Slurm away: the requeue's own answer is the one to show

@@ -67,7 +67,10 @@ SwitchType=switch/none
 JobCompType=jobcomp/filetxt
 JobCompLoc={dir}/jobcomp.log
 {nodes}
-PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=30
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
 
 

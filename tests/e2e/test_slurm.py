@@ -10,7 +10,9 @@ job node drains it in Slurm with Ringmaster's reason, and the job goes on on the
 once the device is writable again the drain is lifted, while the drain an administrator
 set on another node meanwhile stays. Slurm's ``USR1`` to the batch step stops the job at a
 step every rank agrees on, with a checkpoint there (0 steps lost); ``start`` requeues the
-Slurm job and exits 75, and the requeued script's job resumes from that step.
+Slurm job and exits 75, and the requeued script's job resumes from that step. Preempted by
+a job of a higher partition (``PreemptMode=REQUEUE``, ``GraceTime``), Slurm's ``SIGTERM``
+stops it the same way, Slurm requeues it itself, and the next run resumes there.
 
 Inside a 2-node allocation: an agent restarted by its supervisor, then the bus frozen
 for 30 s, drain nothing and restart nothing; a machine that dies (agent, ranks,
@@ -174,11 +176,23 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
     started = [e for e in ctl.events("--job", again["id"]) if e["kind"] == "job.started"]
     assert f"resuming from step {stopped['step']}" in started[0]["message"]
     assert s.job(slurm_job)["Restarts"] == "1"
-    ctl("stop", again["id"])
-    ctl.wait(again["id"], lambda j: j["state"] == "stopped")
-    # what Slurm's accounting says of the two runs (sacct over the job completion log):
-    # the run stopped to be requeued, then the run the operator stopped, exit 1
-    runs = [("PENDING", "0:0"), ("FAILED", "1:0")]
+
+    # preempted by a job of a higher partition: Slurm's SIGTERM (GraceTime before its
+    # SIGKILL) stops the job at an agreed step with a checkpoint, and Slurm requeues it
+    s("sbatch", "--partition=urgent", "--nodes=3", "--wrap", "sleep 1")
+    preempted = ctl.wait(again["id"], lambda j: j["state"] == "stopped")
+    assert preempted["requeue"] and "SIGTERM" in preempted["reason"], preempted
+    saved = [e["step"] for e in ctl.events("--job", again["id"], "--kind", "job.checkpointed")]
+    assert saved and saved[-1] == preempted["step"], (saved, preempted)
+    third = ringmaster_job(ctl, 2)
+    assert third["resume_step"] == preempted["step"], third
+    assert f"Slurm job {slurm_job} already requeued by Slurm" in out.read_text()
+
+    ctl("stop", third["id"])
+    ctl.wait(third["id"], lambda j: j["state"] == "stopped")
+    # what Slurm's accounting says of the runs (sacct over the job completion log): the
+    # run stopped to be requeued, the preempted one, then the one the operator stopped
+    runs = [("PENDING", "0:0"), ("PREEMPTED", "0:0"), ("FAILED", "1:0")]
     eventually(lambda: s.completions(slurm_job) == runs, 30, lambda: s.completions(slurm_job), 0.5)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.ctl.follow import _requeue
 from coordinator.ctl.main import main
 from ringmaster import slurm
 
@@ -76,3 +77,29 @@ def test_start_says_why_when_the_allocation_cannot_be_read(
     assert main(["start", str(JOB), "--nats", "nats://127.0.0.1:1"]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "its nodes are unknown" in line and "Unable to contact slurm controller" in line
+
+
+def test_a_requeue_slurm_already_made_is_said_as_such_and_a_refused_one_warned(
+    scontrol: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A preemption with ``PreemptMode=REQUEUE`` requeues the job before ``start`` asks, and
+    Slurm would refuse the ask: the job is back in the queue all the same."""
+    (scontrol / "scontrol").write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {scontrol}/calls\n'
+        'if [ "$1" = requeue ]; then echo "Requested operation is presently disabled for '
+        'job $2" >&2; exit 1; fi\n'
+        f'echo "JobId=42 JobState=PENDING Restarts=$(cat {scontrol}/restarts) Reboot=0"\n'
+    )
+    (scontrol / "restarts").write_text("1")  # Slurm's count, past this run's 0
+    assert _requeue(slurm.Allocation("42", ["gpu-01"], 0)) == slurm.REQUEUE_EXIT
+    assert capsys.readouterr().err.strip() == (
+        "Slurm job 42 already requeued by Slurm; exit 75 (requeue me)"
+    )
+    assert "requeue 42" not in (scontrol / "calls").read_text()  # not asked twice
+    # this run is Slurm's second: a refused requeue is a warning in Slurm's own words
+    assert _requeue(slurm.Allocation("42", ["gpu-01"], 1)) == slurm.REQUEUE_EXIT
+    assert capsys.readouterr().err.strip() == (
+        "warning: Slurm job 42 not requeued: scontrol requeue 42: Requested operation is "
+        "presently disabled for job 42; exit 75 (requeue me)"
+    )
