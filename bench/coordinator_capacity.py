@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -58,10 +59,10 @@ from proto import subjects
 from proto.api import SubmitJob
 from proto.codec import api_reply_decoder, command_decoder, encode, job_decoder
 from proto.commands import CommandReply, Launch, Pause, ReservePort, Resume
-from proto.conditions import Condition, ConditionKind
+from proto.conditions import Condition, ConditionKind, condition_key
 from proto.events import NvmeLatencyRecovered, NvmeLatencySpike, Severity
-from proto.job import JobSection, JobSpec, JobState
-from proto.node import CollectorStatus, GpuSample, Heartbeat, Telemetry
+from proto.job import JobRecord, JobSection, JobSpec, JobState
+from proto.node import CollectorStatus, GpuSample, Heartbeat, RankReport, Telemetry
 from proto.progress import StepDone
 from ringmaster.bus import event_subject
 
@@ -155,6 +156,14 @@ def make_beat(i: int, n: int, rng: random.Random) -> Heartbeat:
     )
 
 
+class AgentSays(msgspec.Struct):
+    """The part of a node's beats that follows what happens to it during the run."""
+
+    ranks: list[RankReport] = msgspec.field(default_factory=list)
+    jobs: list[str] = msgspec.field(default_factory=list)
+    conditions: list[Condition] = msgspec.field(default_factory=list)
+
+
 def refresh(beat: Heartbeat, rng: random.Random, now: float) -> None:
     """New sequence, send time and samples, the way an agent's next beat differs."""
     beat.seq += 1
@@ -198,9 +207,16 @@ async def publisher(url: str, cluster: str, n: int) -> None:
 
     async def commands() -> None:
         # "mute I": node I stops beating (a dead agent), for the node-lost probe.
+        # "set I {json}": what node I's agent reports from now on (the ranks it runs, its
+        # open conditions), as a real agent's every beat does
         while line := await loop.run_in_executor(None, sys.stdin.readline):
             if line.startswith("mute "):
                 muted.add(int(line.split()[1]))
+            elif line.startswith("set "):
+                _, index, payload = line.split(" ", 2)
+                said = msgspec.json.decode(payload, type=AgentSays)
+                beat = beats[int(index)]
+                beat.ranks, beat.jobs, beat.conditions = said.ranks, said.jobs, said.conditions
 
     listener = asyncio.create_task(commands())
     print(json.dumps({"t": time.time(), "sent": sent, "late_ms": 0.0, "burst": True}), flush=True)
@@ -251,6 +267,7 @@ class FakeAgents:
 
     job: str = ""
     launched: set[str] = field(default_factory=set)
+    ranks: dict[str, list[RankReport]] = field(default_factory=dict)  # by node
     pending: dict[tuple[str, str], float] = field(default_factory=dict)
     latencies: list[tuple[float, str, float]] = field(default_factory=list)  # (sent, kind, s)
     unmatched: int = 0
@@ -268,6 +285,10 @@ class FakeAgents:
         elif isinstance(cmd, Launch):
             reply.pids = [100000 + r.rank for r in cmd.ranks]
             self.launched.add(node)
+            self.ranks[node] = [
+                RankReport(job=cmd.job, rank=r.rank, attempt=cmd.attempt, pid=pid, alive=True)
+                for r, pid in zip(cmd.ranks, reply.pids, strict=True)
+            ]
         elif isinstance(cmd, Pause | Resume) and cmd.job == self.job:
             # "NVMe <dev> on <node> at … µs" / "NVMe <dev> on <node> back to … µs"
             words = cmd.reason.split()
@@ -278,6 +299,27 @@ class FakeAgents:
             else:
                 self.latencies.append((sent, kind, received - sent))
         await msg.respond(encode(reply))
+
+
+def classify(
+    pending: dict[tuple[str, str], float], master: str, job: JobRecord | None
+) -> dict[str, list[str]]:
+    """Each event that got no command, as held by the policy (a pause while another reason
+    already holds the job paused, a resume while one still does) or lost (a decision never
+    made), with the job's state at the end."""
+    found: dict[str, list[str]] = {"held": [], "lost": []}
+    reasons = list(job.pause_reasons) if job is not None else []
+    state = f"{job.state.value}: {job.reason}" if job is not None else "no record"
+    for kind, device in sorted(pending, key=lambda k: pending[k]):
+        key = condition_key(ConditionKind.NVME_LATENCY, node=master, subject=device)
+        others = [r for r in reasons if r != key]
+        if kind == "pause" and key in reasons and others:
+            found["held"].append(f"pause for {key}: already paused by {others[0]}")
+        elif kind == "resume" and key not in reasons and others:
+            found["held"].append(f"resume for {key}: still paused by {others[0]}")
+        else:
+            found["lost"].append(f"{kind} for {key} (job {state}; reasons {reasons})")
+    return found
 
 
 def spike_condition(node: str, device: str, latency_us: float, active: bool) -> Condition:
@@ -565,6 +607,23 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
         result["submit_to_launch_s"] = time.monotonic() - t0
         record = await job_record()
         master = record.nodes[0]
+        open_on_master: dict[str, Condition] = {}
+
+        async def agent_says(node: str) -> None:
+            """Node ``node``'s beats from now on report its ranks (alive) and its open
+            conditions, as a real agent's do: the coordinator reconciles against them."""
+            said = AgentSays(
+                ranks=agents.ranks.get(node, []),
+                jobs=[agents.job] if node in agents.ranks else [],
+                conditions=list(open_on_master.values()) if node == master else [],
+            )
+            assert pub is not None and pub.stdin is not None
+            index = int(node.rsplit("-", 1)[1])
+            pub.stdin.write(f"set {index} ".encode() + msgspec.json.encode(said) + b"\n")
+            await pub.stdin.drain()
+
+        for node in record.nodes:
+            await agent_says(node)
         await js.publish(
             subjects.progress(CLUSTER, agents.job, master),
             encode(
@@ -630,6 +689,13 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                     condition=spike_condition(master, device, 22.0, active=False),
                 )
                 key = ("resume", device)
+            # the agent's beats carry its latch as it stands, as the event does
+            assert event.condition is not None
+            if event.condition.active:
+                open_on_master[event.condition.key] = event.condition
+            else:
+                open_on_master.pop(event.condition.key, None)
+            await agent_says(master)
             data, subject = encode(event), event_subject(CLUSTER, event)
             agents.pending[key] = time.monotonic()
             await js.publish(subject, data, timeout=10)
@@ -639,6 +705,7 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                 next_sample += 5.0
         with contextlib.suppress(TimeoutError):
             await wait_for(lambda: not agents.pending, 5, "outstanding commands")
+        undecided = classify(agents.pending, master, await job_record())
         last = Sample.take(coord.pid, server.pid, pub.pid, view)
         samples.append(last)
         result["coordinator_rss_mib"] = rss_mib(coord.pid)
@@ -683,7 +750,9 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
             ),
             events_sent=k,
             decisions=len(lats),
-            missing=len(agents.pending),
+            missing=len(undecided["lost"]),
+            held_by_policy=len(undecided["held"]),
+            undecided=undecided,
             unmatched=agents.unmatched,
             latency_ms_median=statistics.median(lats) * 1000 if lats else None,
             latency_ms_p99=pct(lats, 99) * 1000 if lats else None,
@@ -769,8 +838,10 @@ def report(r: dict[str, Any]) -> None:
             "event → decision",
             f"median {_fmt(r['latency_ms_median'])}, p99 {_fmt(r['latency_ms_p99'])}, "
             f"max {_fmt(r['latency_ms_max'])} (n={r['decisions']} of {r['events_sent']}, "
-            f"missing {r['missing']}, unmatched {r['unmatched']})",
+            f"held by policy {r['held_by_policy']}, lost {r['missing']}, "
+            f"unmatched {r['unmatched']})",
         ),
+        *[("  not decided", line) for line in (r["undecided"]["lost"][:5])],
         (
             "node records",
             f"all {n:,} in KV {r['all_node_records_s']:.1f} s after the burst "
