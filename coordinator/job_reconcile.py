@@ -78,7 +78,9 @@ class Reconciler:
     async def reconcile(self) -> None:
         m, now = self.m, time.monotonic()
         nodes = m.registry.nodes
-        silent = m.registry.silent(list(nodes), now)
+        # only nodes that run ranks or host a job can matter here: not a scan of them all
+        hosting = {n for job in m.jobs.values() for n in job.nodes}
+        silent = m.registry.silent([i for i, n in nodes.items() if n.ranks or i in hosting], now)
         for job in list(m.jobs.values()):
             attempt, launched = m.launcher.launched_at.get(job.id, (0, self.since))
             answered = m.launcher.answered_at.get(job.id, {})

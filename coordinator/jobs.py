@@ -15,6 +15,7 @@ tasks (:mod:`coordinator.recovery`, :mod:`coordinator.launch`) whose end is an i
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -332,7 +333,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
             ):
                 for action in stall:
                     await self.apply(job, action)
-            elif why := grow_reason(job, self._free(job), now):
+            elif why := grow_reason(job, functools.partial(self._free, job), now):
                 await self.apply(job, actions.RestartJob(why, graceful=True))
             elif self._bounding_due(job, now):
                 job.bounding_checkpoint_at = now

@@ -100,7 +100,7 @@ def orphans(
     relaunch), or on a node that does not host that rank."""
     found = []
     for node in nodes.values():
-        if not trusted(node):
+        if not node.ranks or not trusted(node):
             continue
         for report in node.ranks:
             if report.alive and _unexpected(jobs.get(report.job), node.id, report):

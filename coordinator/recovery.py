@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -100,15 +101,18 @@ class Stopper:
         return self._pinged[key]
 
 
-def grow_reason(job: JobRecord, free: list[str], now: float) -> str | None:
+def grow_reason(job: JobRecord, free: Callable[[], list[str]], now: float) -> str | None:
     """Why a shrunk job should restart onto more nodes now, if it should: it runs on
-    fewer nodes than it asked for, healthy free nodes exist, and it has run on its
-    current nodes long enough not to flap."""
+    fewer nodes than it asked for, has run on its current nodes long enough not to flap,
+    and healthy free nodes exist (``free`` lists them; a scan of every node, asked only
+    of a job that could grow)."""
     missing = job.spec.job.nodes - len(job.nodes)
-    if job.state is not JobState.RUNNING or missing <= 0 or not free or job.stopping:
+    if job.state is not JobState.RUNNING or missing <= 0 or job.stopping:
         return None
     if loop_support.lacking(job, Reaction.CHECKPOINT) is not None:
         return None  # a restart would throw away the work since the script's own save
     if job.first_step_at is None or now - (job.attempt_started_at or 0.0) < GROW_AFTER_S:
         return None
-    return f"growing back to {job.spec.job.nodes} nodes: {', '.join(free[:missing])} healthy"
+    if not (found := free()):
+        return None
+    return f"growing back to {job.spec.job.nodes} nodes: {', '.join(found[:missing])} healthy"
