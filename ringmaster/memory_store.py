@@ -124,6 +124,16 @@ def remove_node(shm: Path, node: str, jobs: Iterable[str]) -> list[Path]:
     return removed
 
 
+def remove_job_staging(shm: Path, job_id: str) -> bool:
+    """Drop the host's checkpoint staging of ``job_id`` (its ranks' host copies, as big as
+    the model's state), which ranks remove as they end but not when they are killed;
+    whether there was one."""
+    root = shm / shm_staging_name(job_id)
+    found = root.is_dir()
+    shutil.rmtree(root, ignore_errors=True)
+    return found
+
+
 def remove_job_ram(job_id: str, shm: Path = SHM) -> None:
     """Drop all ``job_id`` holds in this host's RAM: its ranks' checkpoint staging and
     every node's memory store — what ranks run without an agent (a test, a bench) leave

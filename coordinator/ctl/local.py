@@ -256,6 +256,8 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
         for job in job_ids(run_dir):
             if memory_store.remove_job_node(memory_store.SHM, job, node):
                 stopped.append(f"memory snapshots of {job} on {node}")
+            if memory_store.remove_job_staging(memory_store.SHM, job):  # ranks killed above
+                stopped.append(f"checkpoint staging of {job}")
             # a killed agent leaves its control socket, in the temp dir for deep run dirs
             JobDir(run_dir, job).control_socket.unlink(missing_ok=True)
     for pidfile in daemons:

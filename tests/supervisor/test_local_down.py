@@ -15,6 +15,8 @@ import pytest
 
 from coordinator.ctl.home import agent_run_dir, pid_file, pids_dir
 from coordinator.ctl.local import down
+from proto.job import shm_staging_name
+from ringmaster import memory_store
 from ringmaster.procs import pid_alive, start_time
 from ringmaster.rundir import JOB_ENV, JobDir, spare_dir, spare_socket
 
@@ -69,3 +71,26 @@ def test_down_stops_deciders_then_ranks_then_the_rest(
     assert not any(pid_alive(p) for p in (rank, spare, agent, coordinator, sim))
     assert not spares.exists()
     assert not list(pids_dir(tmp_path).iterdir())
+
+
+def test_down_removes_the_checkpoint_staging_its_killed_ranks_leave_in_ram(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank that ends by itself removes its job's staging; one that ``down`` has to kill
+    (here: a process that never does) leaves it, as big as the model's state, in RAM."""
+    shm = tmp_path / "shm"
+    monkeypatch.setattr(memory_store, "SHM", shm)
+    rank = detached(procs, **{JOB_ENV: "j1"})
+    job = JobDir(agent_run_dir(tmp_path, "node-1"), "j1")
+    job.path.mkdir(parents=True)
+    job.rank_pid(0).write_text(str(rank))
+    staging = shm / shm_staging_name("j1") / "rank-0"
+    staging.mkdir(parents=True)
+    (staging / "model.pt").write_bytes(b"weights")
+    other = shm / shm_staging_name("j2")  # a job this cluster's agents never ran
+    other.mkdir()
+
+    stopped = down(tmp_path, timeout=5)
+
+    assert "checkpoint staging of j1" in stopped
+    assert not (shm / shm_staging_name("j1")).exists() and other.is_dir()
