@@ -138,5 +138,5 @@ def remove_job_ram(job_id: str, shm: Path = SHM) -> None:
     """Drop all ``job_id`` holds in this host's RAM: its ranks' checkpoint staging and
     every node's memory store — what ranks run without an agent (a test, a bench) leave
     once killed, where an agent would clean up after them."""
-    shutil.rmtree(shm / shm_staging_name(job_id), ignore_errors=True)
+    remove_job_staging(shm, job_id)
     shutil.rmtree(shm / memory_store_name(job_id), ignore_errors=True)

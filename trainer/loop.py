@@ -209,7 +209,7 @@ class Trainer:
                 mfu=mfu,
                 compile_s=compile_s,
                 memory_step=checkpointer.memory_sealed if checkpointer is not None else None,
-                durable_step=checkpointer.durable_step if checkpointer else None,
+                durable_step=checkpointer.durable_step if checkpointer is not None else None,
             )
         )
         return decision

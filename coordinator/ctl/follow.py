@@ -144,18 +144,14 @@ def _requeue(allocation: Allocation) -> int:
     """``scontrol requeue`` unless Slurm requeued this run already (a preemption with
     ``PreemptMode=REQUEUE`` does before the job has stopped, and refuses a second one)."""
     job_id = allocation.job_id
-    if _requeued_since(allocation):
-        said = f"Slurm job {job_id} already requeued by Slurm"
-    else:
+    said = f"Slurm job {job_id} already requeued by Slurm"
+    if not _requeued_since(allocation):
         try:
             slurm.requeue(job_id)
             said = f"requeued Slurm job {job_id}"
         except slurm.SlurmError as exc:  # --no-requeue, or Slurm away: the exit code says it
-            said = (
-                f"Slurm job {job_id} already requeued by Slurm"
-                if _requeued_since(allocation)
-                else f"warning: Slurm job {job_id} not requeued: {exc}"
-            )
+            if not _requeued_since(allocation):  # nor by Slurm meanwhile
+                said = f"warning: Slurm job {job_id} not requeued: {exc}"
     print(f"{said}; exit {slurm.REQUEUE_EXIT} (requeue me)", file=sys.stderr)
     return slurm.REQUEUE_EXIT
 
