@@ -28,7 +28,14 @@ from coordinator.actions import (
 from coordinator.job_machine import LIVE
 from coordinator.progress_policy import all_exited
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
-from proto.events import ClockResynced, EventBase, NodeAway, WorkerExited, WorkerHung
+from proto.events import (
+    ClockResynced,
+    EventBase,
+    NodeAway,
+    NodeLost,
+    WorkerExited,
+    WorkerHung,
+)
 from proto.job import Failure, JobRecord, JobState
 from proto.progress import Reaction
 
@@ -105,6 +112,16 @@ def decide(
             # alive: a dead or restarting agent is no reason to throw work away (nor to
             # call the node lost: it stays away until it beats again).
             return []
+        case NodeAway() if not loop_support.reports_steps(job):
+            # A script that reports no steps gives no evidence either way, and its ranks
+            # outlive a restarting agent: the node's grace decides (node.lost, below).
+            return []
+        case NodeLost(node=str(node)) if not loop_support.reports_steps(job):
+            failure = Failure(node=node, cause="node lost", step=job.step)
+            return [
+                DrainNode(node, "heartbeat lost"),
+                RestartJob(f"node {node} lost", (node,), failure),
+            ]
         case NodeAway(node=str(node)):
             failure = Failure(node=node, cause="node lost", step=job.step)
             why = f"the ranks of {job.id} stopped stepping"

@@ -248,6 +248,20 @@ def test_an_away_node_whose_ranks_still_step_is_neither_lost_nor_restarted() -> 
     assert policy.decide(job(), NodeLost(node="node-0")) == []
 
 
+def test_a_script_reporting_no_steps_waits_out_the_grace_of_its_away_node() -> None:
+    # its ranks outlive a restarting agent, and no steps can say whether they still run:
+    # only the node's grace running out (node.lost) restarts the job
+    script = JobSpec(job=JobSection(name="t", nodes=2, entry=["/bin/sh", "-c", "sleep 9"]))
+    assert policy.decide(job(spec=script), NodeAway(node="node-0")) == []
+    assert policy.decide(job(spec=script), NodeLost(node="node-0")) == [
+        actions.DrainNode("node-0", "heartbeat lost"),
+        actions.RestartJob(
+            "node node-0 lost", ("node-0",), Failure(node="node-0", cause="node lost")
+        ),
+    ]
+    assert policy.decide(job(spec=script, nodes=["node-1"]), NodeLost(node="node-0")) == []
+
+
 def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
     drift = Condition(
         kind=ConditionKind.CLOCK, node="node-3", value=12.0, reason="clock +12.00 ms beyond 5 ms"

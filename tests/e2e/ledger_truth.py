@@ -7,7 +7,8 @@ median step time: a first step's extra cost is the start's) to the end of its la
 less the checkpoint stalls and pauses inside that span. Before the first attempt's first
 step is start-up; between one attempt's last step and the next attempt's first is
 recovery; steps an attempt trained past the checkpoint the next one resumed from are lost
-work (their count × that attempt's training time per step), taken out of training. A gap
+work (the training time those steps took: each one's gap from the step before), taken out
+of training. A gap
 between two steps longer than the hang threshold (max(3 × the attempt's median step,
 3 s), the policy's defaults) trains for the threshold only: the rest is recovery.
 """
@@ -64,13 +65,29 @@ def stalled_gaps(run: Attempt, threshold: float) -> float:
     return total
 
 
+def redone_seconds(run: Attempt, past: int) -> float:
+    """Training seconds ``run`` spent on its steps after step ``past``: each one's gap from
+    the step before (the first step's: the attempt's median), less the pauses and checkpoint
+    stalls inside it, at most the hang threshold."""
+    median = statistics.median(s for _, _, s in run.steps)
+    threshold = max(3.0 * median, 3.0)
+    total, before = 0.0, run.steps[0][0] - median
+    for wall, step, _ in run.steps:
+        if step > past:
+            paused = sum(b - a for a, b in run.pauses if before <= a and b <= wall)
+            stalled = sum(s for at, s in run.stalls if before < at <= wall)
+            total += min(max(0.0, wall - before - paused - stalled), threshold)
+        before = wall
+    return total
+
+
 def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
     """Seconds per ledger bucket (multiply by the world size for GPU-seconds)."""
     buckets = dict.fromkeys(
         ("startup", "productive", "paused", "checkpoint_stall", "recovery", "lost_work"), 0.0
     )
     previous: Attempt | None = None
-    previous_end, previous_per_step = started_at, 0.0
+    previous_end = started_at
     for run in runs:
         if not run.steps:
             continue  # stopped before its first step: all of it is the gap to the next
@@ -78,15 +95,14 @@ def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
         begin, end = run.steps[0][0] - median, run.steps[-1][0]
         buckets["startup" if previous is None else "recovery"] += begin - previous_end
         if previous is not None:
-            redone = sum(1 for _, step, _ in previous.steps if step > run.resumed_from)
-            buckets["lost_work"] += redone * previous_per_step
-            buckets["productive"] -= redone * previous_per_step
+            redone = redone_seconds(previous, run.resumed_from)
+            buckets["lost_work"] += redone
+            buckets["productive"] -= redone
         inside = sum(s for wall, s in run.stalls if begin < wall <= end)
         paused = sum(b - a for a, b in run.pauses if begin < a and b <= end)
         stalled = stalled_gaps(run, max(3.0 * median, 3.0))
         buckets["productive"] += end - begin - inside - paused - stalled
         buckets["recovery"] += stalled
-        previous_per_step = (end - begin - inside - paused - stalled) / len(run.steps)
         buckets["paused"] += paused
         # a stall after the last step (the checkpoint a graceful stop makes) is stall too,
         # taken out of the gap that follows
