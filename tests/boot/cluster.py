@@ -24,9 +24,9 @@ from images import CONTROL_PLANE, ROLES, podman
 from coordinator.ctl import netns
 
 LABEL = "ringmaster.boot-owner"  # the PID of the process that made it
-NATS_URL = "nats://nats:4222"
 CLUSTER = "boot"
 T = TypeVar("T")
+NODE_CAPS = ("SYS_ADMIN", "DAC_READ_SEARCH", "SYS_NICE", "SYS_RESOURCE", "IPC_LOCK")
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: Callable[[], str]) -> T:
@@ -65,6 +65,7 @@ class BootCluster:
         self.network = f"rmboot-{self.token}"
         self.workdir = workdir
         self.containers: list[str] = []
+        self.nats_url = ""
 
     def name(self, host: str) -> str:
         return f"rmboot-{self.token}-{host}"
@@ -72,34 +73,45 @@ class BootCluster:
     def up(self, nodes: int, coordinators: int) -> None:
         remove_orphans()
         label = f"{LABEL}={os.getpid()}"
-        podman("network", "create", "--internal", "--label", label, "--subnet", free_subnet(),
+        subnet = free_subnet()
+        podman("network", "create", "--internal", "--label", label, "--subnet", subnet,
                self.network)  # fmt: skip
-        self._run("nats", "nats", CONTROL_PLANE, ["/opt/ringmaster/bin/nats-server", "-js",
-                  "-sd", "/var/lib/nats", "-a", "0.0.0.0", "-p", "4222"])  # fmt: skip
+        # NATS at a fixed address: a name would be looked up again at every reconnect, and
+        # the network's resolver restarts when a container does
+        nats_ip = subnet.replace(".0/24", ".2")
+        self.nats_url = f"nats://{nats_ip}:4222"
+        server = ["/opt/ringmaster/bin/nats-server", "-js", "-sd", "/var/lib/nats", "-p", "4222"]
+        self._run("nats", "nats", CONTROL_PLANE, ["--ip", nats_ip], server)
         for i in range(coordinators):
-            env = f"RINGMASTER_NATS={NATS_URL}\nRINGMASTER_CLUSTER={CLUSTER}\n"
+            env = f"RINGMASTER_NATS={self.nats_url}\nRINGMASTER_CLUSTER={CLUSTER}\n"
             self.configure(f"coord-{i}", "coordinator.env", env)
-            self._run(f"coord-{i}", "coordinator", ROLES["coordinator"][1], [])
+            self._run(f"coord-{i}", "coordinator", ROLES["coordinator"][1], [], [])
         for i in range(nodes):
             # no GPU here: one "GPU" for one rank, and no warm spares (this image has no
             # training stack for them to import)
             self.configure(f"node-{i}", "agent.toml",
-                           f'cluster = "{CLUSTER}"\nnats = "{NATS_URL}"\ngpus = 1\n'
+                           f'cluster = "{CLUSTER}"\nnats = "{self.nats_url}"\ngpus = 1\n'
                            "warm_ranks = 0\n")  # fmt: skip
-            self._run(f"node-{i}", "node", ROLES["node"][1], [])
+            self._run(f"node-{i}", "node", ROLES["node"][1], [], [])
 
     def configure(self, host: str, filename: str, text: str) -> None:
         folder = self.workdir / host
         folder.mkdir(parents=True, exist_ok=True)
         (folder / filename).write_text(text)
 
-    def _run(self, host: str, role: str, image: str, command: list[str]) -> None:
+    def _run(
+        self, host: str, role: str, image: str, options: list[str], command: list[str]
+    ) -> None:
         args = ["run", "-d", "--name", self.name(host), "--hostname", host,
                 "--network", self.network, "--network-alias", host,
                 "--label", f"{LABEL}={os.getpid()}", "--shm-size", "8g"]  # fmt: skip
         if role != "nats":
             args += ["-v", f"{self.workdir / host}:/etc/ringmaster:ro"]
-        podman(*args, image, *command)
+        if role == "node":
+            # what the agent's unit keeps of its capabilities beyond podman's defaults:
+            # a node's container must grant them (docs/operations.md, "Container images")
+            args += [f"--cap-add={cap}" for cap in NODE_CAPS]
+        podman(*args, *options, image, *command)
         self.containers.append(self.name(host))
 
     def down(self) -> None:
@@ -121,7 +133,7 @@ class BootCluster:
     def ctl(self, *args: str) -> str:
         """coordinatorctl in the first coordinator's container, against this cluster."""
         argv = " ".join(f"'{a}'" for a in args)
-        return self.sh("coord-0", f"RINGMASTER_NATS={NATS_URL} RINGMASTER_CLUSTER={CLUSTER} "
+        return self.sh("coord-0", f"RINGMASTER_NATS={self.nats_url} RINGMASTER_CLUSTER={CLUSTER} "
                        f"/opt/ringmaster/bin/coordinatorctl {argv}")  # fmt: skip
 
     def status(self) -> dict[str, Any]:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import hardening
 import images
 import pytest
 from cluster import BootCluster, wait_for
@@ -27,6 +29,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(bool(images.unavailable()), reason=images.unavailable() or ""),
 ]
+UNITS = Path(__file__).resolve().parents[2] / "systemd"
 AGENT = "ringmaster-nodeagent.service"
 COORDINATOR = "ringmaster-coordinator.service"
 RANK = "sleep 86401"  # the job's rank, as pgrep finds it
@@ -67,6 +70,19 @@ def rank_pid(c: BootCluster, host: str) -> int | None:
 
 def job_view(c: BootCluster, job: str) -> dict[str, Any]:
     return json.loads(c.ctl("status", job, "--json"))
+
+
+def test_every_sandbox_directive_of_the_units_holds_or_says_why_it_cannot_be_checked(
+    cluster: BootCluster,
+) -> None:
+    c = cluster
+    host_caps = int(Path("/proc/self/status").read_text().split("CapBnd:")[1].split()[0], 16)
+    for host, unit in (("node-0", AGENT), ("coord-0", COORDINATOR)):
+        wait_for(lambda h=host, u=unit: active(c, h, u), 60, lambda h=host, u=unit: c.journal(h, u))
+        report = hardening.check(c, host, UNITS / unit, host_caps)
+        print(unit, json.dumps(report, indent=1))
+        failed = {k: v for k, v in report.items() if v.startswith("FAILED")}
+        assert not failed, failed
 
 
 def test_agents_and_coordinators_boot_under_systemd_and_survive_what_systemd_does(
