@@ -61,13 +61,16 @@ COPY docs /opt/ringmaster/docs
 EXPOSE 9401 9402
 
 FROM control-plane AS gpu-node
+ARG WHEELS=
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
 ARG TORCH_VERSION=2.13.0
-# a C compiler for torch.compile's generated code; nvme-cli and chrony for the agent's disk
-# and clock probes (each is a warning where it is missing, never a stop)
+# a C compiler for torch.compile's generated code; nvme-cli and chronyc for the agent's
+# disk and clock probes (each is a warning where it is missing, never a stop). chronyd
+# itself stays off: a container cannot set the host's clock; chronyc asks the host's
+# chronyd (with --net=host).
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
         --no-install-recommends gcc libc6-dev nvme-cli chrony \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* && systemctl disable chrony.service
 RUN --mount=type=bind,target=/ctx set -eu; \
     pip=/opt/ringmaster/bin/pip; \
     if [ -n "$WHEELS" ]; then index="--no-index --find-links /ctx/$WHEELS"; \

@@ -87,12 +87,17 @@ class BootCluster:
             self.configure(f"coord-{i}", "coordinator.env", env)
             self._run(f"coord-{i}", "coordinator", ROLES["coordinator"][1], [], [])
         for i in range(nodes):
-            # no GPU here: one "GPU" for one rank, and no warm spares (this image has no
-            # training stack for them to import)
-            self.configure(f"node-{i}", "agent.toml",
-                           f'cluster = "{CLUSTER}"\nnats = "{self.nats_url}"\ngpus = 1\n'
-                           "warm_ranks = 0\n")  # fmt: skip
-            self._run(f"node-{i}", "node", ROLES["node"][1], [], [])
+            self.configure(f"node-{i}", "agent.toml", self.agent_toml())
+            self.add_node(f"node-{i}")
+
+    def agent_toml(self) -> str:
+        # no GPU here: one "GPU" for one rank, and no warm spares (this image has no
+        # training stack for them to import)
+        return f'cluster = "{CLUSTER}"\nnats = "{self.nats_url}"\ngpus = 1\nwarm_ranks = 0\n'
+
+    def add_node(self, host: str) -> None:
+        """A node container booting with its agent's unit enabled (``configure`` first)."""
+        self._run(host, "node", ROLES["node"][1], [], [])
 
     def configure(self, host: str, filename: str, text: str) -> None:
         folder = self.workdir / host

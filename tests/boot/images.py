@@ -84,7 +84,7 @@ def _base() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _exists(image: str) -> bool:
+def exists(image: str) -> bool:
     env = {**os.environ, "CONTAINERS_CONF": str(CONF)}
     return subprocess.run(["podman", "image", "exists", image], env=env).returncode == 0
 
@@ -117,7 +117,7 @@ def build() -> None:
     """The base, the control-plane image and one image per role, each enabling its unit
     as a user's would."""
     with _locked():
-        if not _exists(BASE):
+        if not exists(BASE):
             _base()
         _wheelhouse()
         podman(
