@@ -101,6 +101,7 @@ def coordinator(cluster: str, ident: str) -> Permissions:
             *subjects.events_all(cluster),
             subjects.command(cluster, "*"),
             subjects.canary(cluster, ident),
+            subjects.coordinator_alive(cluster, "*"),
             *(f"$KV.{subjects.bucket(cluster, what)}.>" for what in BUCKETS),
             *(
                 s
@@ -111,6 +112,7 @@ def coordinator(cluster: str, ident: str) -> Permissions:
         subscribe=[
             subjects.heartbeats(cluster),
             subjects.canary(cluster, ident),
+            subjects.coordinator_alive(cluster, ident),
             subjects.api(cluster, "submit"),
             subjects.api(cluster, "control"),
             subjects.clock(cluster),

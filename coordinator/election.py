@@ -9,19 +9,29 @@ Kubernetes lease rule, which needs no agreement between clocks. The revision at 
 coordinator acquired the lease is its epoch: every command carries it and agents refuse
 older ones (fencing). A leader that cannot renew steps down after ``0.8 × ttl``, before
 any standby may take over.
+
+A holder that died need not be waited out: with ``holder_gone`` (the bus's word that no
+connection of the holder is left: a request to its ``alive`` subject finds no responder),
+a standby takes the lease after ``GONE_ROUNDS`` rounds in a row that say so, by the same
+compare-and-set. A holder that is alive but silent (starved, cut off from the store yet
+still on the bus) is not gone: the TTL decides, as before. Fencing is unchanged: a holder
+that was wrongly taken for dead loses its next renewal's compare-and-set and steps down,
+and agents refuse its epoch once they have seen the new one.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
 from coordinator.cas import CasStore, Conflict
 
 LEASE_KEY = "leader"
+GONE_ROUNDS = 2  # rounds in a row the bus says the holder is gone before its lease is taken
+HolderGone = Callable[[str], Awaitable[bool]]
 
 
 class LeaseRecord(msgspec.Struct, kw_only=True):
@@ -46,6 +56,7 @@ class Election:
         me: str,
         ttl: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        holder_gone: HolderGone | None = None,
     ) -> None:
         self.store = store
         self.me = me
@@ -58,6 +69,8 @@ class Election:
         self._seen_rev: int | None = None
         self._seen_at = 0.0
         self._renewed_at = 0.0
+        self.holder_gone = holder_gone
+        self._gone = 0  # rounds in a row the holder was reported gone
 
     @property
     def renew_every(self) -> float:
@@ -82,9 +95,13 @@ class Election:
             await self._acquire(now, rev)  # released by a leader that shut down cleanly
         elif rev != self._seen_rev:
             # A record of ours from a previous life is waited out like anyone else's.
-            self._seen_rev, self._seen_at = rev, now
+            self._seen_rev, self._seen_at, self._gone = rev, now, 0
         elif now - self._seen_at >= self.ttl:
             await self._acquire(now, rev)
+        elif self.holder_gone is not None and self.holder != self.me:
+            self._gone = self._gone + 1 if await self.holder_gone(self.holder) else 0
+            if self._gone >= GONE_ROUNDS:
+                await self._acquire(now, rev)
         return self.role
 
     async def _acquire(self, now: float, last: int | None) -> None:
@@ -96,7 +113,7 @@ class Election:
                 else await self.store.update(LEASE_KEY, record, last)
             )
         except Conflict:
-            self._seen_rev = None
+            self._seen_rev, self._gone = None, 0
             return
         self.role, self.epoch, self._rev, self._renewed_at = Role.LEADER, rev, rev, now
         self.holder = self.me

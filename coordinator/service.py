@@ -22,6 +22,7 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from prometheus_client import Histogram
 
+from coordinator import presence
 from coordinator.alert_sender import Alerter
 from coordinator.alerts import destinations
 from coordinator.commander import Commander
@@ -82,7 +83,13 @@ class Coordinator:
         buckets = await self._layout(js, stop)
         lease_buckets = await bind(lease_nc.jetstream(), self.cluster)
         self.js = js
-        election = Election(KvCasStore(lease_buckets.leader), self.me, self.ttl)
+        await presence.answer(lease_nc, self.cluster, self.me)
+        election = Election(
+            KvCasStore(lease_buckets.leader),
+            self.me,
+            self.ttl,
+            holder_gone=presence.prober(lease_nc, self.cluster),
+        )
         self.election = election
         commander = Commander(nc, self.cluster, self.me, lambda: election.epoch)
         jobs = JobManager(KvCasStore(buckets.jobs), commander, self.registry, self.publish)

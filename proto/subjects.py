@@ -49,6 +49,13 @@ def canary(cluster: str, coordinator: str) -> str:
     return f"{ROOT}.{cluster}.canary.{coordinator}"
 
 
+def coordinator_alive(cluster: str, coordinator: str) -> str:
+    """Answered by every live coordinator process: a request that finds no responder means
+    the server holds no connection of that coordinator any more (its process died), which
+    a standby takes the lease on without waiting out the TTL."""
+    return f"{ROOT}.{cluster}.alive.{coordinator}"
+
+
 def command(cluster: str, node: str) -> str:
     return f"{ROOT}.{cluster}.cmd.{node}"
 

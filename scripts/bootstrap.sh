@@ -46,16 +46,16 @@ if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
         && { systemctl disable --now slurmctld slurmd munge >/dev/null 2>&1 || true; } \
         || echo "ringmaster: Slurm not installed; the tests inside an allocation skip" >&2
 fi
-# Podman, runc, debootstrap and iptables (Debian's packages; netavark wants iptables) for
+# Podman, runc, mmdebstrap and iptables (Debian's packages; netavark wants iptables) for
 # the tests whose nodes are containers booting systemd from the Dockerfile's image: on the
 # same terms. The images are built by those tests and kept between runs (tests/boot).
 if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null \
-    && ! { command -v podman && command -v runc && command -v debootstrap \
+    && ! { command -v podman && command -v runc && command -v mmdebstrap \
         && command -v iptables; } >/dev/null; then
-    echo "ringmaster: installing Debian's podman, runc, debootstrap and iptables" >&2
+    echo "ringmaster: installing Debian's podman, runc, mmdebstrap and iptables" >&2
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         -o DPkg::Lock::Timeout=300 --no-install-recommends podman runc netavark \
-        aardvark-dns debootstrap iptables; } >/dev/null 2>&1 \
+        aardvark-dns mmdebstrap iptables; } >/dev/null 2>&1 \
         || echo "ringmaster: podman not installed; the booting-node tests skip" >&2
 fi
 stamp=.venv/.ringmaster-installed

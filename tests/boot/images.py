@@ -3,7 +3,7 @@
 Podman as root, with runc and the cgroupfs manager (``containers.conf`` beside this file:
 crun refuses this kind of host's hybrid cgroups, and podman's default open-files limit
 is above its hard limit). No registry is reachable, so the base image is Debian's own
-packages (``debootstrap --variant=minbase``, imported by ``podman import``) and the Python
+packages (``mmdebstrap --variant=minbase``, imported by ``podman import``) and the Python
 packages come from a wheelhouse built on the host (``build/wheels``, the Dockerfile's
 ``WHEELS``). Each is kept between runs: the base image by its tag, the wheelhouse by a
 stamp of what it was built from, the built images by podman's layer cache.
@@ -32,7 +32,7 @@ ROLES = {
 }
 WHEELS = REPO / "build" / "wheels"
 BASE_PACKAGES = "systemd,systemd-sysv,dbus,python3,python3-venv,iproute2,procps,ca-certificates"
-NEEDED = ("podman", "runc", "debootstrap", "iptables")
+NEEDED = ("podman", "runc", "mmdebstrap", "iptables")
 
 
 def unavailable() -> str | None:
@@ -66,22 +66,16 @@ def _locked() -> Iterator[None]:
 
 
 def _base() -> None:
-    root = Path(tempfile.mkdtemp(prefix="ringmaster-base-", dir="/var/tmp"))
-    try:
+    """Debian 12 with systemd and Python from Debian's archive (mmdebstrap: the same
+    packages debootstrap installs, fetched in parallel, in a fifth of its time)."""
+    with tempfile.TemporaryDirectory(prefix="ringmaster-base-", dir="/var/tmp") as tmp:
+        tar = Path(tmp) / "base.tar"
         subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm",
-             str(root), "http://deb.debian.org/debian"],
+            ["mmdebstrap", "--quiet", "--variant=minbase", f"--include={BASE_PACKAGES}",
+             "bookworm", str(tar), "http://deb.debian.org/debian"],
             check=True, capture_output=True, timeout=900,
         )  # fmt: skip
-        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        env = {**os.environ, "CONTAINERS_CONF": str(CONF)}
-        subprocess.run(
-            ["podman", "import", "--change", 'CMD ["/sbin/init"]', "-", BASE],
-            stdin=tar.stdout, env=env, check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
-        tar.wait()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        podman("import", "--change", 'CMD ["/sbin/init"]', str(tar), BASE)
 
 
 def exists(image: str) -> bool:

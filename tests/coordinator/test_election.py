@@ -9,8 +9,9 @@ from pathlib import Path
 import nats
 import pytest
 
+from coordinator import presence
 from coordinator.cas import Conflict, MemoryCasStore
-from coordinator.election import Election, Role
+from coordinator.election import GONE_ROUNDS, Election, Role
 from coordinator.embedded_nats import NatsServer
 from coordinator.kvstore import KvCasStore, ensure_layout
 
@@ -96,6 +97,73 @@ async def test_deposed_leader_steps_down_on_its_next_renewal() -> None:
     assert b.role is Role.LEADER
     assert await a.step() is Role.FOLLOWER
     assert a.holder is None
+
+
+async def test_a_holder_the_bus_says_is_gone_loses_its_lease_before_the_ttl() -> None:
+    gone: dict[str, bool] = {"a": False}
+    asked: list[str] = []
+
+    async def holder_gone(holder: str) -> bool:
+        asked.append(holder)
+        return gone[holder]
+
+    store, ca, cb = MemoryCasStore(), Clock(), Clock()
+    a = Election(store, "a", 2.0, ca)
+    b = Election(store, "b", 2.0, cb, holder_gone=holder_gone)
+    await a.step()
+    await b.step()  # sees the revision
+    cb.now = 0.2
+    assert await b.step() is Role.FOLLOWER and asked == ["a"]  # alive: nothing happens
+    gone["a"] = True
+    cb.now = 0.4
+    assert await b.step() is Role.FOLLOWER  # one round is not enough: a blip
+    gone["a"] = False
+    cb.now = 0.6
+    assert await b.step() is Role.FOLLOWER  # back: the count starts again
+    gone["a"] = True
+    cb.now = 0.8
+    assert await b.step() is Role.FOLLOWER
+    cb.now = 1.0
+    assert await b.step() is Role.LEADER  # two rounds in a row, well before the 2 s TTL
+    assert b.epoch > a.epoch
+    # fencing unchanged: the holder wrongly taken for dead loses its next renewal
+    assert await a.step() is Role.FOLLOWER
+
+
+async def test_a_standby_takes_the_lease_once_the_bus_holds_no_connection_of_the_holder(
+    nats_server: NatsServer,
+) -> None:
+    """Over a real server: the standby's clock never moves, so only the bus's word that
+    the holder's connection is gone can hand it the lease."""
+    holder_nc, standby_nc = await nats.connect(nats_server.url), await nats.connect(nats_server.url)
+    try:
+        lease = await ensure_layout(standby_nc.jetstream(), "test")
+        held = await ensure_layout(holder_nc.jetstream(), "test")
+        await presence.answer(holder_nc, "test", "a")
+        a = Election(KvCasStore(held.leader), "a", 2.0, Clock())
+        gone = presence.prober(standby_nc, "test")
+        b = Election(KvCasStore(lease.leader), "b", 2.0, Clock(), holder_gone=gone)
+        assert await a.step() is Role.LEADER
+        for _ in range(GONE_ROUNDS + 2):
+            assert await b.step() is Role.FOLLOWER  # the holder answers: alive
+        await holder_nc.close()  # what the server sees of a kill -9
+        roles = [await b.step() for _ in range(GONE_ROUNDS + 1)]
+        assert roles[-1] is Role.LEADER and b.epoch > a.epoch, roles
+    finally:
+        await standby_nc.close()
+
+
+async def test_a_record_of_our_own_is_never_taken_for_a_gone_holder() -> None:
+    async def holder_gone(holder: str) -> bool:
+        return True
+
+    store, clock = MemoryCasStore(), Clock()
+    await Election(store, "a", 2.0, Clock()).step()  # "a" in a previous life
+    again = Election(store, "a", 2.0, clock, holder_gone=holder_gone)
+    for clock.now in (0.0, 0.2, 0.4, 0.6):
+        assert await again.step() is Role.FOLLOWER
+    clock.now = 2.1
+    assert await again.step() is Role.LEADER  # its own record is waited out
 
 
 async def test_leader_that_cannot_renew_steps_down_before_ttl() -> None:
