@@ -15,9 +15,11 @@ times from just before the signal to the survivor's ``coordinator.leader`` event
 received here, and as stamped in the event's ``time`` field. The killed coordinator is then
 restarted with the same id as the new standby, and the next trial kills the new leader.
 
-Expected for kill -9 at the default 2 s TTL: the standby takes the lease once its revision
-has not moved for a whole TTL on the standby's clock, so ≈ TTL − (time since the last
-renewal) + the standby's 0.2 s poll; target ≤ 2.5 s. SIGTERM should be one poll.
+Expected for kill -9: the server drops the dead leader's connection at once, so the
+standby's request to the holder's ``alive`` subject comes back "no responders"; it takes
+the lease after two such rounds (0.2 s apart): well under a second, whatever the TTL;
+target ≤ 1.2 s (median and max). A leader that is alive but silent is still waited out
+for a whole TTL (not measured here). SIGTERM should be one poll.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from proto.node import CoordinatorRecord
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = "takeover"
 IDS = ("c0", "c1")
-TARGET_S = 2.5
+TARGET_S = 1.2
 
 
 @dataclass
@@ -212,8 +214,9 @@ async def run(args: argparse.Namespace) -> int:
         )
     kills = [float(r["received_s"]) for r in results["kill"]]
     if kills:
-        ok = max(kills) <= TARGET_S
-        print(f"  target: kill -9 takeover ≤ {TARGET_S} s (max): {'PASS' if ok else 'FAIL'}")
+        ok = statistics.median(kills) <= TARGET_S and max(kills) <= TARGET_S
+        verdict = "PASS" if ok else "FAIL"
+        print(f"  target: kill -9 takeover ≤ {TARGET_S} s (median and max): {verdict}")
     if args.json:
         write_json(Path(args.json), results)
     if failed:
