@@ -305,7 +305,7 @@ def _record(node: NodeInfo, wall: float, mono: float) -> NodeRecord:
         last_seen=round(wall - (mono - node.last_seen), 1),
         telemetry=node.telemetry,
         conditions=sorted(node.conditions.values(), key=lambda c: c.key),
-        jobs=node.jobs,
+        jobs=list(node.jobs),
         drain_reason=node.drain_reason,
         preflight_ok=node.preflight_ok,
         topology_ok=node.topology_ok,

@@ -13,6 +13,8 @@ shown like any other, but leaves the node ready and eligible; only the others de
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from proto.conditions import LINK_KINDS, Condition, ConditionKind, Severity
@@ -35,7 +37,7 @@ class NodeInfo:
     beat_sent_at: float = 0.0  # the agent's wall clock when it sent the newest beat
     interval_s: float = 1.0
     telemetry: Telemetry = field(default_factory=Telemetry)
-    jobs: list[str] = field(default_factory=list)
+    jobs: tuple[str, ...] = ()
     conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
     drain_reason: str = ""
     lost_reason: str = ""  # why it was declared lost, besides its silence
@@ -46,7 +48,7 @@ class NodeInfo:
     # when its agent failed to answer a ping (coordinator's monotonic clock); a beat
     # received after it clears it
     suspect_at: float | None = None
-    ranks: list[RankReport] = field(default_factory=list)  # the agent's, as of its newest beat
+    ranks: tuple[RankReport, ...] = ()  # the agent's, as of its newest beat
     agent_started_at: float = 0.0  # when its agent process started (a new value: restarted)
     probe_port: int = 0  # its agent's peer-probe listener on ``addr`` (0: none)
     probe_confirm_s: float = 0.0  # how long its probes take to find a peer unreachable
@@ -101,6 +103,9 @@ class Registry:
         self.bus_outage_s = bus_outage_s
         self.away_grace_s = away_grace_s
         self._declared: list[NodeInfo] = []  # lost on a job's verdict since the last sweep
+        # every node, least recently heard first: a sweep reads only the silent front
+        self._by_beat: OrderedDict[str, NodeInfo] = OrderedDict()
+        self._shortest_interval = math.inf  # of any node's heartbeat interval
         self._bus_seen: float | None = None  # None: no canary wired, the bus is assumed up
 
     def bus_alive(self, now: float) -> None:
@@ -125,6 +130,9 @@ class Registry:
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
         node.beat_seen = now
+        self._by_beat[beat.node] = node
+        self._by_beat.move_to_end(beat.node)
+        self._shortest_interval = min(self._shortest_interval, beat.interval_s)
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
         node.probe_port, node.probe_confirm_s = beat.probe_port, beat.probe_confirm_s
@@ -177,8 +185,13 @@ class Registry:
         if self.bus_out(now):
             return [], lost
         away = []
-        for node in self.nodes.values():
+        # Least recently heard first: once a node has been heard within the shortest
+        # interval's allowance, every node after it has been too (each heard later).
+        soon = self.missed_beats * self._shortest_interval
+        for node in self._by_beat.values():
             silent = now - node.last_seen
+            if silent <= soon:
+                break
             if node.state is NodeState.LOST or silent <= self.missed_beats * node.interval_s:
                 continue
             if node.state is not NodeState.AWAY:

@@ -272,11 +272,11 @@ class Agent:
                 probe_port=self.probe_port,
                 probe_confirm_s=self._probe_confirm_s(),
                 telemetry=self.telemetry,
-                conditions=self.active.conditions(),
-                collectors=list(self.statuses.values()),
-                jobs=self.supervisor.jobs(),
+                conditions=tuple(self.active.conditions()),
+                collectors=tuple(self.statuses.values()),
+                jobs=tuple(self.supervisor.jobs()),
                 metrics_url=self.metrics.url if self.metrics is not None else "",
-                ranks=self.supervisor.rank_reports(),
+                ranks=tuple(self.supervisor.rank_reports()),
                 started_at=self.started_at,
             )
             with contextlib.suppress(Exception):

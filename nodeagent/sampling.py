@@ -81,12 +81,12 @@ def summarize(telemetry: Telemetry, sample: Sample) -> None:
                 if r.latency_us is not None
             }
         case GpuHealthSample(gpus=gpus):
-            telemetry.gpus = [
+            telemetry.gpus = tuple(
                 GpuSample(
                     index=g.index, temp_c=g.temp_c, util_pct=g.util_pct, mem_used_mb=g.mem_used_mb
                 )
                 for g in gpus
-            ]
+            )
         case ClockSample(offset_ms=offset):
             telemetry.clock_offset_ms = offset
 

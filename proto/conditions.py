@@ -73,7 +73,7 @@ def condition_key(
     return ":".join(part for part in (str(kind), node or job, subject) if part)
 
 
-class Condition(msgspec.Struct, kw_only=True):
+class Condition(msgspec.Struct, kw_only=True, gc=False):
     """One condition's latest state. A wire struct: unknown fields are ignored, new ones
     get defaults."""
 

@@ -22,27 +22,27 @@ class NodeState(enum.StrEnum):
     LOST = "lost"
 
 
-class GpuSample(msgspec.Struct, kw_only=True):
+class GpuSample(msgspec.Struct, kw_only=True, gc=False):
     index: int
     temp_c: float | None = None
     util_pct: float | None = None
     mem_used_mb: float | None = None
 
 
-class Telemetry(msgspec.Struct, kw_only=True):
+class Telemetry(msgspec.Struct, kw_only=True, gc=False):
     nvme_latency_us: dict[str, float] = msgspec.field(default_factory=dict)
-    gpus: list[GpuSample] = msgspec.field(default_factory=list)
+    gpus: tuple[GpuSample, ...] = ()
     clock_offset_ms: float | None = None
 
 
-class CollectorStatus(msgspec.Struct, kw_only=True):
+class CollectorStatus(msgspec.Struct, kw_only=True, gc=False):
     name: str
     ok: bool
     duration_s: float = 0.0
     error: str = ""
 
 
-class RankReport(msgspec.Struct, kw_only=True):
+class RankReport(msgspec.Struct, kw_only=True, gc=False):
     """One rank as its node's agent knows it now: the authoritative word on whether it
     runs. A rank that exited stays reported, with its code, until the agent launches the
     next attempt of its job (or forgets the job: ``RANK_MEMORY_S``)."""
@@ -62,7 +62,7 @@ class RankReport(msgspec.Struct, kw_only=True):
 RANK_MEMORY_S = 600.0  # how long an agent keeps reporting a job whose ranks all exited
 
 
-class Heartbeat(msgspec.Struct, kw_only=True):
+class Heartbeat(msgspec.Struct, kw_only=True, gc=False):
     node: str
     seq: int
     sent_at: float
@@ -75,13 +75,13 @@ class Heartbeat(msgspec.Struct, kw_only=True):
     telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
     # The node's authoritative set of active conditions (its detectors' latches): a
     # coordinator that missed an event catches up on the next beat.
-    conditions: list[Condition] = msgspec.field(default_factory=list)
-    collectors: list[CollectorStatus] = msgspec.field(default_factory=list)
-    jobs: list[str] = msgspec.field(default_factory=list)
+    conditions: tuple[Condition, ...] = ()
+    collectors: tuple[CollectorStatus, ...] = ()
+    jobs: tuple[str, ...] = ()
     metrics_url: str = ""  # the agent's Prometheus endpoint; empty when it serves none
     # Every rank this agent runs or ran (see RankReport): the coordinator reconciles each
     # job's expected ranks against these, so a missed worker.exited costs one beat.
-    ranks: list[RankReport] = msgspec.field(default_factory=list)
+    ranks: tuple[RankReport, ...] = ()
     # When this agent process started (wall time): a new value is a restarted agent.
     started_at: float = 0.0
     # The TCP port of the agent's peer-probe listener on ``addr`` (0: none): the job's

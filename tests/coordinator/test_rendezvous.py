@@ -81,6 +81,33 @@ def test_registry_marks_away_after_three_missed_beats_then_lost_past_the_grace()
     assert fresh and reg.nodes["node-0"].state is NodeState.READY
 
 
+def test_a_sweep_finds_every_silent_node_whatever_order_and_interval_they_beat_in() -> None:
+    """The sweep reads only the least recently heard nodes: whatever the order of beats
+    and the intervals (a slow-beating node is not silent at a fast one's threshold), it
+    finds exactly the silent ones."""
+    reg = Registry(missed_beats=3, away_grace_s=15.0)
+
+    def beat(node: str, now: float, interval_s: float = 1.0) -> None:
+        reg.observe(Heartbeat(node=node, seq=1, sent_at=now, interval_s=interval_s), now=now)
+
+    for i in range(6):
+        beat(f"n{i}", 0.0)
+    beat("slow", 0.0, interval_s=5.0)
+    for t in (1.0, 2.0, 3.0, 4.0):
+        for i in (5, 3, 1):  # n0, n2, n4 fell silent at 0; the others beat, out of order
+            beat(f"n{i}", t)
+    away, _ = reg.sweep(now=4.5)
+    assert {n.id for n in away} == {"n0", "n2", "n4"}  # not "slow": 4.5 s < 3 × 5 s
+    beat("n0", 5.0)  # back: no longer at the silent front
+    away, lost = reg.sweep(now=16.0)
+    assert {n.id for n in away} == {"n1", "n3", "n5", "slow", "n0"}
+    assert {n.id for n in lost} == {"n2", "n4", "slow"}  # silent past the 15 s grace
+    beat("n2", 17.0)  # a lost node back: heard again, and found again once silent
+    away, lost = reg.sweep(now=20.5)
+    assert [n.id for n in away] == ["n2"]
+    assert {n.id for n in lost} == {"n0", "n1", "n3", "n5"}  # away past the grace
+
+
 def test_an_away_node_is_kept_while_a_job_vouches_for_it_else_lost_past_the_grace() -> None:
     """An away node whose job shows its ranks stepping stays away; its job's verdict can
     declare it lost at once; a node nobody vouches for (a dead one whose job restarted

@@ -206,7 +206,7 @@ async def test_published_events_match_the_golden_file(
         ) as proc:
             await step("start", kind("node.registered"), kind("node.preflight"), kind("topology"))
             beat = await tap.beat(lambda b: len(b.telemetry.gpus) == 2 and len(b.collectors) >= 7)
-            assert beat.conditions == []
+            assert beat.conditions == ()
             gate = health_gate(config, NODE, port)  # the scheduler's check: a healthy node
             assert (gate.returncode, gate.stderr) == (0, ""), gate
             assert gate.stdout.startswith(f"ringmaster: {NODE} may take work"), gate

@@ -104,7 +104,7 @@ def test_summaries_for_heartbeats() -> None:
     summarize(telemetry, ClockSample(time=0, offset_ms=-0.4))
     summarize(telemetry, FakeSample(time=0, n=1))  # nothing a heartbeat carries
     assert telemetry.nvme_latency_us == {"nvme0n1": 21.0}
-    assert telemetry.gpus == [GpuSample(index=0, temp_c=61, util_pct=97, mem_used_mb=1024.0)]
+    assert telemetry.gpus == (GpuSample(index=0, temp_c=61, util_pct=97, mem_used_mb=1024.0),)
     assert telemetry.clock_offset_ms == -0.4
 
 
