@@ -235,10 +235,11 @@ class Leadership:
         for i, node in enumerate(list(self.registry.nodes.values())):  # beats add nodes
             if i and i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)  # let events through: a decision must not wait for us
+            conditions = node.conditions
             key = (
                 node.state,
-                tuple((k, c.severity) for k, c in node.conditions.items()),
-                tuple(node.jobs),
+                tuple((k, c.severity) for k, c in conditions.items()) if conditions else (),
+                node.jobs,
                 node.drain_reason,
                 node.metrics_url,
             )
