@@ -25,7 +25,8 @@ are reported beside it, because on a small machine they compete for the same cor
 ``--profile`` additionally samples the coordinator with py-spy during the window (it costs
 the coordinator a little) and prints its hottest functions.
 
-Targets (spec): 10,000 nodes within one core (coordinator CPU < 100 %), p99 ≤ 50 ms.
+Targets: the coordinator under 60 % of one core (``CPU_TARGET_PCT``) at 25,000 nodes, decision
+p99 ≤ 50 ms, every event decided or held by policy, a silenced node lost within 5 s.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ COLLECTORS = (
 )
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MASTER_PORT = 12345
+CPU_TARGET_PCT = 60.0  # of one core, at every size up to 25,000 nodes
 
 
 # -- /proc readings -------------------------------------------------------------------
@@ -911,7 +913,7 @@ def verdict(results: list[dict[str, Any]]) -> None:
             continue
         checks = {
             "publisher sustained N/s (≥ 99 %)": r["beats_per_s"] >= 0.99 * r["nodes"],
-            "coordinator CPU < 100 % of one core": r["coordinator_cpu_pct"] < 100.0,
+            "coordinator CPU < 60 % of one core": r["coordinator_cpu_pct"] < CPU_TARGET_PCT,
             "p99 ≤ 50 ms": (r["latency_ms_p99"] or 1e9) <= 50.0 and r["missing"] == 0,
             "silenced node lost within 5 s": (r.get("node_lost_detect_s") or 1e9) <= 5.0,
             "leadership held throughout": r["leader_events"] == 1,
