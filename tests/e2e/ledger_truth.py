@@ -7,8 +7,8 @@ median step time: a first step's extra cost is the start's) to the end of its la
 less the checkpoint stalls and pauses inside that span. Before the first attempt's first
 step is start-up; between one attempt's last step and the next attempt's first is
 recovery; steps an attempt trained past the checkpoint the next one resumed from are lost
-work (the training time those steps took: each one's gap from the step before), taken out
-of training. A gap
+work (their count × the median of their own gaps from the step before), taken out of
+training. A gap
 between two steps longer than the hang threshold (max(3 × the attempt's median step,
 3 s), the policy's defaults) trains for the threshold only: the rest is recovery.
 """
@@ -66,19 +66,21 @@ def stalled_gaps(run: Attempt, threshold: float) -> float:
 
 
 def redone_seconds(run: Attempt, past: int) -> float:
-    """Training seconds ``run`` spent on its steps after step ``past``: each one's gap from
-    the step before (the first step's: the attempt's median), less the pauses and checkpoint
-    stalls inside it, at most the hang threshold."""
+    """Training seconds ``run`` spent on its steps after step ``past``: their count × the
+    median of their own gaps from the step before (the first step's: the attempt's
+    median), each less the pauses and checkpoint stalls inside it. Their own gaps, since
+    the steps just before a fault ran under that moment's load, not the attempt's average;
+    their median, since a gap that held something else (an evaluation, a save of the
+    loop's own) is not a step's time."""
     median = statistics.median(s for _, _, s in run.steps)
-    threshold = max(3.0 * median, 3.0)
-    total, before = 0.0, run.steps[0][0] - median
+    gaps, before = [], run.steps[0][0] - median
     for wall, step, _ in run.steps:
         if step > past:
             paused = sum(b - a for a, b in run.pauses if before <= a and b <= wall)
             stalled = sum(s for at, s in run.stalls if before < at <= wall)
-            total += min(max(0.0, wall - before - paused - stalled), threshold)
+            gaps.append(max(0.0, wall - before - paused - stalled))
         before = wall
-    return total
+    return len(gaps) * statistics.median(gaps) if gaps else 0.0
 
 
 def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
