@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -184,6 +185,7 @@ def main() -> None:
         }
     finally:
         c.down()
+        shutil.rmtree(c.workdir, ignore_errors=True)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
