@@ -44,7 +44,8 @@ class Leading(Protocol):
 
 
 class Nodes(Protocol):
-    nodes: dict[str, NodeInfo]
+    @property
+    def nodes(self) -> Mapping[str, NodeInfo]: ...
 
 
 class Jobs(Protocol):

@@ -98,13 +98,13 @@ class Registry:
     def __init__(
         self, missed_beats: int = 3, bus_outage_s: float = 1.5, away_grace_s: float = AWAY_GRACE_S
     ) -> None:
-        self.nodes: dict[str, NodeInfo] = {}
+        # least recently heard first (each beat moves its node to the end): a sweep reads
+        # only the silent front
+        self.nodes: OrderedDict[str, NodeInfo] = OrderedDict()
         self.missed_beats = missed_beats
         self.bus_outage_s = bus_outage_s
         self.away_grace_s = away_grace_s
         self._declared: list[NodeInfo] = []  # lost on a job's verdict since the last sweep
-        # every node, least recently heard first: a sweep reads only the silent front
-        self._by_beat: OrderedDict[str, NodeInfo] = OrderedDict()
         self._shortest_interval = math.inf  # of any node's heartbeat interval
         self._bus_seen: float | None = None  # None: no canary wired, the bus is assumed up
 
@@ -130,8 +130,7 @@ class Registry:
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
         node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
         node.beat_seen = now
-        self._by_beat[beat.node] = node
-        self._by_beat.move_to_end(beat.node)
+        self.nodes.move_to_end(beat.node)
         self._shortest_interval = min(self._shortest_interval, beat.interval_s)
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
@@ -188,7 +187,7 @@ class Registry:
         # Least recently heard first: once a node has been heard within the shortest
         # interval's allowance, every node after it has been too (each heard later).
         soon = self.missed_beats * self._shortest_interval
-        for node in self._by_beat.values():
+        for node in self.nodes.values():
             silent = now - node.last_seen
             if silent <= soon:
                 break

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 from images import CONTROL_PLANE, ROLES, podman
 
 from coordinator.ctl import netns
+from ringmaster.procs import wait_until
 
 LABEL = "ringmaster.boot-owner"  # the PID of the process that made it
 CLUSTER = "boot"
@@ -30,13 +30,12 @@ NODE_CAPS = ("SYS_ADMIN", "DAC_READ_SEARCH", "SYS_NICE", "SYS_RESOURCE", "IPC_LO
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: Callable[[], str]) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        if (value := check()) is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s: {what()}")
-        time.sleep(0.2)
+    """``check``'s first truthy result; an AssertionError saying ``what()`` if none comes
+    within ``timeout`` s."""
+    try:
+        return wait_until(check, timeout, 0.2)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout:.0f} s: {what()}") from None
 
 
 def remove_orphans() -> None:
