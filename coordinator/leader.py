@@ -260,8 +260,11 @@ class Leadership:
             # every one of 10,000 nodes is new, and 10,000 tasks created in one go stall
             # the event loop for longer than a decision may take.
             for node, key in pending:
+                record = _record(node, wall, mono)
+                if node.telemetry_error:  # the record goes without it: the node still beats
+                    log.warning("node telemetry not read", node=node.id, error=node.telemetry_error)
                 try:
-                    await self.buckets.nodes.put(node.id, encode(_record(node, wall, mono)))
+                    await self.buckets.nodes.put(node.id, encode(record))
                 except Exception as exc:
                     log.warning("node record not written", node=node.id, error=repr(exc))
                     continue

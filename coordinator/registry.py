@@ -17,8 +17,12 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import msgspec
+
 from proto.conditions import LINK_KINDS, Condition, ConditionKind, Severity
-from proto.node import Heartbeat, NodeState, RankReport, Telemetry
+from proto.node import Heartbeat, NodeBeat, NodeState, RankReport, Telemetry
+
+_telemetry = msgspec.json.Decoder(Telemetry)
 
 NETWORK_KINDS = LINK_KINDS | {ConditionKind.NET_PEER}  # what a hang's culprit is judged by
 
@@ -36,7 +40,6 @@ class NodeInfo:
     beat_seen: float = 0.0  # when the newest beat arrived, coordinator's monotonic clock
     beat_sent_at: float = 0.0  # the agent's wall clock when it sent the newest beat
     interval_s: float = 1.0
-    telemetry: Telemetry = field(default_factory=Telemetry)
     jobs: tuple[str, ...] = ()
     conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
     drain_reason: str = ""
@@ -54,6 +57,24 @@ class NodeInfo:
     probe_confirm_s: float = 0.0  # how long its probes take to find a peer unreachable
     # the newest change each event brought, by key, until a beat sent after it arrives
     _news: dict[str, Condition] = field(default_factory=dict, repr=False)
+    # the newest beat's conditions, while ``conditions`` is still the mirror made of them
+    _beat_conditions: tuple[Condition, ...] | None = field(default=None, repr=False)
+    # the newest beat's telemetry: as sent (JSON), until something reads it
+    _telemetry: Telemetry | msgspec.Raw = field(default_factory=Telemetry, repr=False)
+    telemetry_error: str = ""  # why the newest beat's telemetry could not be read
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """The newest beat's telemetry, decoded on first read; an empty one, with
+        ``telemetry_error`` saying why, when what the node sent is not telemetry."""
+        if isinstance(self._telemetry, msgspec.Raw):
+            raw, self._telemetry, self.telemetry_error = self._telemetry, Telemetry(), ""
+            if len(raw):
+                try:
+                    self._telemetry = _telemetry.decode(raw)
+                except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+                    self.telemetry_error = f"its telemetry is malformed: {exc}"
+        return self._telemetry
 
     @property
     def preflight_ok(self) -> bool:
@@ -119,8 +140,10 @@ class Registry:
     def bus_out(self, now: float) -> bool:
         return self._bus_seen is not None and now - self._bus_seen > self.bus_outage_s
 
-    def observe(self, beat: Heartbeat, now: float) -> tuple[NodeInfo, bool]:
-        """Record a heartbeat. Returns the node and whether it is new or back from lost."""
+    def observe(self, beat: NodeBeat | Heartbeat, now: float) -> tuple[NodeInfo, bool]:
+        """Record a heartbeat. Returns the node and whether it is new or back from lost.
+        Its conditions are mirrored anew only when they differ from the previous beat's
+        (or an event changed the mirror since): most beats repeat the last one's."""
         node = self.nodes.get(beat.node)
         fresh = node is None or node.state is NodeState.LOST
         if node is None:
@@ -128,13 +151,25 @@ class Registry:
         node.addr, node.hostname, node.gpus = beat.addr, beat.hostname, beat.gpus
         node.cpus = beat.cpus
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
-        node.telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
+        node._telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
         node.beat_seen = now
         self.nodes.move_to_end(beat.node)
         self._shortest_interval = min(self._shortest_interval, beat.interval_s)
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
         node.probe_port, node.probe_confirm_s = beat.probe_port, beat.probe_confirm_s
+        if node._news or beat.conditions != node._beat_conditions:
+            node.conditions = self._mirror(node, beat)
+            node._beat_conditions = None if node._news else beat.conditions
+        if node.suspect_at is not None and now > node.suspect_at:
+            node.suspect_at = None  # it answers after all
+        if node.state in (NodeState.LOST, NodeState.AWAY):
+            node.state = NodeState.READY
+        node._settle()
+        return node, fresh
+
+    @staticmethod
+    def _mirror(node: NodeInfo, beat: NodeBeat | Heartbeat) -> dict[str, Condition]:
         mirror = {c.key: c for c in beat.conditions if c.active}
         # An event may have overtaken the beat (they travel separately): its change stands
         # until a beat sent after it says otherwise.
@@ -145,13 +180,7 @@ class Registry:
                 mirror[key] = news
             else:
                 mirror.pop(key, None)
-        node.conditions = mirror
-        if node.suspect_at is not None and now > node.suspect_at:
-            node.suspect_at = None  # it answers after all
-        if node.state in (NodeState.LOST, NodeState.AWAY):
-            node.state = NodeState.READY
-        node._settle()
-        return node, fresh
+        return mirror
 
     def observe_condition(self, cond: Condition) -> None:
         """An event opened or closed ``cond`` on its node: mirror it now."""
@@ -160,6 +189,7 @@ class Registry:
             return
         if cond.since > node.beat_sent_at:
             node._news[cond.key] = cond
+        node._beat_conditions = None  # the mirror is no longer the beat's alone
         if cond.active:
             node.conditions[cond.key] = cond
         else:

@@ -33,7 +33,7 @@ from coordinator.leader import Leadership
 from coordinator.metrics import RETENTION_S, decision_latency, registry_for
 from coordinator.registry import Registry
 from proto import subjects
-from proto.codec import encode, heartbeat_decoder
+from proto.codec import encode, node_beat_decoder
 from proto.events import CoordinatorLeader, EventBase
 from proto.node import CoordinatorRecord
 from ringmaster import clock_responder, metrics, systemd_notify
@@ -102,7 +102,7 @@ class Coordinator:
 
         async def on_beat(msg: Msg) -> None:
             with contextlib.suppress(msgspec.DecodeError):
-                beat = heartbeat_decoder.decode(msg.data)
+                beat = node_beat_decoder.decode(msg.data)
                 if beat.node == subjects.sender(msg.subject):  # a node speaks for itself only
                     self.registry.observe(beat, time.monotonic())
 

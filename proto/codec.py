@@ -10,7 +10,7 @@ from proto.api import ApiReply, JobControl, SubmitJob
 from proto.commands import Command, CommandReply
 from proto.events import Event, EventBase
 from proto.job import JobRecord
-from proto.node import Heartbeat
+from proto.node import Heartbeat, NodeBeat
 from proto.progress import Progress
 
 T = TypeVar("T")
@@ -38,6 +38,7 @@ event_decoder: Decoder[Any] = Decoder(msgspec.json.Decoder(Event))
 command_decoder: Decoder[Any] = Decoder(msgspec.json.Decoder(Command))
 reply_decoder = Decoder(msgspec.json.Decoder(CommandReply))
 heartbeat_decoder = Decoder(msgspec.json.Decoder(Heartbeat))
+node_beat_decoder = Decoder(msgspec.json.Decoder(NodeBeat))  # the coordinator's reading
 job_decoder = Decoder(msgspec.json.Decoder(JobRecord))
 submit_decoder = Decoder(msgspec.json.Decoder(SubmitJob))
 control_decoder = Decoder(msgspec.json.Decoder(JobControl))

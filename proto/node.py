@@ -62,7 +62,9 @@ class RankReport(msgspec.Struct, kw_only=True, gc=False):
 RANK_MEMORY_S = 600.0  # how long an agent keeps reporting a job whose ranks all exited
 
 
-class Heartbeat(msgspec.Struct, kw_only=True, gc=False):
+class _Beat(msgspec.Struct, kw_only=True, gc=False):
+    """A heartbeat's fields that every reader decodes whole (see :class:`Heartbeat`)."""
+
     node: str
     seq: int
     sent_at: float
@@ -72,11 +74,9 @@ class Heartbeat(msgspec.Struct, kw_only=True, gc=False):
     cpus: int = 0  # cores ranks may be pinned to; 0 = no pinning (simulated nodes share a host)
     simulated: bool = False
     interval_s: float = 1.0
-    telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
     # The node's authoritative set of active conditions (its detectors' latches): a
     # coordinator that missed an event catches up on the next beat.
     conditions: tuple[Condition, ...] = ()
-    collectors: tuple[CollectorStatus, ...] = ()
     jobs: tuple[str, ...] = ()
     metrics_url: str = ""  # the agent's Prometheus endpoint; empty when it serves none
     # Every rank this agent runs or ran (see RankReport): the coordinator reconciles each
@@ -90,6 +90,23 @@ class Heartbeat(msgspec.Struct, kw_only=True, gc=False):
     # s: how long its probes take at most to find a peer unreachable (0: it probes none);
     # the coordinator waits that long for the network's word on a hang no node can pin
     probe_confirm_s: float = 0.0
+
+
+class Heartbeat(_Beat, kw_only=True, gc=False):
+    """What an agent publishes every beat (``subjects.heartbeat``)."""
+
+    telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
+    collectors: tuple[CollectorStatus, ...] = ()
+
+
+class NodeBeat(_Beat, kw_only=True, gc=False):
+    """The coordinator's reading of a :class:`Heartbeat`, the same JSON: its telemetry
+    kept as the JSON it came as, decoded only when the node's record is written (at most
+    every few seconds, while a beat comes every second), and its collector statuses (the
+    node's own metrics show them) skipped unread. A beat's decoding then costs what the
+    coordinator acts on, not what the node's telemetry carries."""
+
+    telemetry: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
 
 
 class ClockProbe(msgspec.Struct, kw_only=True):

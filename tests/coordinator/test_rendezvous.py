@@ -1,11 +1,13 @@
-"""Admission and the rendezvous plan: pure functions over registry entries."""
+"""Admission and the rendezvous plan: pure functions over registry entries; the registry's
+mirror of what the beats say."""
 
 from __future__ import annotations
 
 from coordinator.registry import NodeInfo, Registry
 from coordinator.rendezvous import admit, cpu_slice, plan
+from proto.codec import encode, node_beat_decoder
 from proto.conditions import Condition, ConditionKind, Severity
-from proto.node import Heartbeat, NodeState, RankReport
+from proto.node import GpuSample, Heartbeat, NodeState, RankReport, Telemetry
 
 
 def node(i: int, *conditions: Condition, **kw: object) -> NodeInfo:
@@ -207,6 +209,38 @@ def test_heartbeats_are_the_authoritative_set() -> None:
     assert reg.nodes["n"].state is NodeState.DEGRADED
     reg.observe(Heartbeat(node="n", seq=5, sent_at=5.5), now=4.0)  # closed, event lost
     assert reg.nodes["n"].state is NodeState.READY
+
+
+def test_a_repeated_beat_restores_what_an_older_event_changed() -> None:
+    """The mirror is made anew only when a beat's conditions differ from the beat's
+    before, or an event changed it since: a late close (older than the newest beat) is
+    undone by the next beat, which still lists the condition."""
+    reg = Registry()
+    reg.observe(Heartbeat(node="n", seq=1, sent_at=2.0, conditions=[spike(0.5)]), now=0.0)
+    reg.observe_condition(spike(since=1.0, active=False))  # sent before beat 1
+    assert reg.nodes["n"].conditions == {}
+    reg.observe(Heartbeat(node="n", seq=2, sent_at=3.0, conditions=[spike(0.5)]), now=1.0)
+    assert list(reg.nodes["n"].conditions) == [spike(0.5).key]
+    assert reg.nodes["n"].state is NodeState.DEGRADED
+
+
+def test_telemetry_is_read_when_asked_for_and_a_malformed_one_loses_no_beat() -> None:
+    """The coordinator reads a beat as ``NodeBeat``: its telemetry is decoded when a node
+    record needs it. Telemetry that does not decode leaves the beat counted (the node is
+    alive) and the record without telemetry, the reason named."""
+    reg = Registry()
+    good = Heartbeat(
+        node="n", seq=1, sent_at=1.0, telemetry=Telemetry(gpus=(GpuSample(index=0, temp_c=61.0),))
+    )
+    node, _ = reg.observe(node_beat_decoder.decode(encode(good)), now=0.0)
+    assert node.telemetry == good.telemetry and node.telemetry_error == ""
+    bad = encode(good).replace(b'"gpus":[{', b'"gpus":[{"temp_c":"hot",', 1)
+    node, _ = reg.observe(node_beat_decoder.decode(bad), now=5.0)
+    assert node.last_seen == 5.0 and node.state is NodeState.READY
+    assert node.telemetry == Telemetry()
+    assert "telemetry is malformed" in node.telemetry_error and "temp_c" in node.telemetry_error
+    node, _ = reg.observe(node_beat_decoder.decode(encode(good)), now=6.0)
+    assert node.telemetry == good.telemetry and node.telemetry_error == ""
 
 
 def test_a_draining_node_stays_draining_whatever_its_conditions() -> None:

@@ -33,6 +33,7 @@ from proto.codec import (
     event_decoder,
     heartbeat_decoder,
     job_decoder,
+    node_beat_decoder,
     progress_decoder,
     submit_decoder,
 )
@@ -40,7 +41,7 @@ from proto.commands import Command, CommandBase, Launch, RankSpec
 from proto.conditions import Condition, ConditionKind
 from proto.events import Event, EventBase, NodeRegistered, kind_of
 from proto.job import JobRecord, JobSection, JobSpec, JobState
-from proto.node import GpuSample, Heartbeat, Telemetry
+from proto.node import GpuSample, Heartbeat, NodeBeat, Telemetry
 from proto.progress import Checkpointed, Finished, Progress, StepDone
 from ringmaster.bus import event_subject
 
@@ -130,15 +131,27 @@ def test_commands_decode(data: bytes) -> None:
 @given(hostile(st.just(builtins(BEAT)), ()))
 @counted
 def test_heartbeats_decode_and_register(data: bytes) -> None:
-    beat = decoded(heartbeat_decoder.decode, data)
+    """As the agent's type and as the coordinator's reading (``NodeBeat``): a beat the
+    first accepts, the second reads the same, its telemetry decoded when asked for."""
+    whole = decoded(heartbeat_decoder.decode, data)
+    beat = decoded(node_beat_decoder.decode, data)
+    if whole is not None:
+        assert isinstance(whole, Heartbeat) and heartbeat_decoder.decode(encode(whole)) == whole
+        assert beat is not None
+        shared = set(NodeBeat.__struct_fields__) - {"telemetry"}
+        assert all(getattr(beat, f) == getattr(whole, f) for f in shared)
     if beat is None:
         return
-    assert isinstance(beat, Heartbeat) and heartbeat_decoder.decode(encode(beat)) == beat
     registry = Registry()
     node, fresh = registry.observe(beat, now=100.0)
     assert fresh and node.id == beat.node and registry.nodes[beat.node] is node
     registry.sweep(now=101.0)  # a node's own numbers never break the sweep
     assert all(c.active for c in node.conditions.values())
+    telemetry = node.telemetry  # read as a node record does: a telemetry or its error
+    if whole is not None:
+        assert telemetry == whole.telemetry and not node.telemetry_error
+    else:
+        assert not node.telemetry_error or telemetry == Telemetry(), "an error: no telemetry"
 
 
 @given(hostile(PROGRESS_DOCS, PROGRESS_TAGS))
