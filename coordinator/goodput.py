@@ -120,6 +120,25 @@ def stepped(job: JobRecord, at: float, now: float, steps: int = 1) -> None:
     job.last_step_at, job.stalled_gpu_s = max(at, job.last_step_at or at), 0.0
 
 
+def stepped_while_stopping(
+    job: JobRecord, step: int, at: float, now: float, world_size: int | None = None
+) -> None:
+    """A step of an attempt already given up, finished at ``at``: the ranks trained on to
+    the boundary they stop at (a graceful restart: the step a preemption's checkpoint is
+    made at; or the step in flight when the fault was found). Since the fault the ledger
+    has charged recovery; from the previous step to this one, up to the stall threshold
+    (as any gap between two steps), was training. ``failed_at_step`` follows the step:
+    should the next attempt resume from before it, it is redone, and lost work.
+    ``world_size``: the attempt's, when a relaunch has replaced it (a late step)."""
+    account(job, now)
+    if job.last_step_at is not None and at > job.last_step_at:
+        trained = min(at - job.last_step_at, stall_threshold(job))
+        gpus = job.world_size if world_size is None else world_size
+        _move(job, trained * gpus, "recovery", "productive")
+        job.last_step_at = at
+    job.failed_at_step = max(job.failed_at_step, step)
+
+
 def stall_threshold(job: JobRecord) -> float:
     """Seconds without a step after which the ranks count as stalled, not training."""
     pol = job.spec.policy

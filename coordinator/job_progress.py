@@ -17,6 +17,7 @@ from coordinator.goodput import (
     observe_step_time,
     stamp,
     stepped,
+    stepped_while_stopping,
 )
 from proto.events import (
     EventBase,
@@ -88,6 +89,13 @@ class ProgressInputs:
         job = self.jobs.get(msg.job)
         if job is None or job.state.terminal:
             return
+        if isinstance(msg, StepDone) and _given_up_speaks(job, msg.attempt, sender):
+            assert job.given_up is not None
+            now = time.time()
+            at = stamp(msg.time, now)
+            stepped_while_stopping(job, msg.step, at, now, job.given_up.world_size)
+            self._dirty.add(job.id)
+            return
         if not job.nodes or sender != job.nodes[0] or not msg.attempt or msg.attempt != job.attempt:
             return
         self._dirty.add(job.id)
@@ -122,9 +130,12 @@ class ProgressInputs:
                     # far was charged as unknown (it had said nothing); it is start-up
                     began_training(job, at, now, source="unknown")
                     job.first_step_at = job.first_step_at or now
+                elif job.state is JobState.RECOVERING:  # this attempt's stop is under way
+                    stepped_while_stopping(job, step, at, now)
                 else:
                     stepped(job, at, now, step - job.step)
                 if job_machine.fire(job, job_machine.Input.TRAINING) is not None:
+                    job.given_up = None  # its steps, late now, would be counted as redone
                     job.first_step_at = job.first_step_at or now
                     if job.restarts:
                         charge_lost_work(job, step - 1)
@@ -284,3 +295,15 @@ class ProgressInputs:
                 f"{ratio:.1f}× its peers' median {found.peer_median_s:.3f} s",
             )
         )
+
+
+def _given_up_speaks(job: JobRecord, attempt: int, sender: str) -> bool:
+    """A step of the attempt a relaunch replaced, from its rank 0's node, while the new
+    attempt has not trained: its time was training, not the recovery the ledger charged."""
+    given = job.given_up
+    return (
+        given is not None
+        and attempt == given.attempt
+        and sender == given.node
+        and job.state is JobState.STARTING
+    )

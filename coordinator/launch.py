@@ -31,7 +31,7 @@ from proto.events import (
     NodeRefused,
     Severity,
 )
-from proto.job import JobRecord, JobState
+from proto.job import GivenUp, JobRecord, JobState
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
@@ -85,6 +85,10 @@ class Launcher:
             job.reason = f"master {nodes[0]} could not reserve a port: {reply.error}"
             return False
         previous, previous_nodes = job.world_size, job.nodes
+        if job.attempt and previous_nodes:
+            job.given_up = GivenUp(
+                attempt=job.attempt, node=previous_nodes[0], world_size=job.world_size
+            )
         job.attempt += 1
         job.exited_ranks, job.finished = {}, ""
         job.nodes, job.world_size = nodes, len(nodes) * spec.gpus_per_node

@@ -284,6 +284,15 @@ class HeldHang(msgspec.Struct, kw_only=True):
     until: float = 0.0
 
 
+class GivenUp(msgspec.Struct, kw_only=True):
+    """The attempt a relaunch replaced, until the new one trains: its rank 0's steps may
+    still arrive (a loaded node relays them late), and the ledger counts them."""
+
+    attempt: int
+    node: str  # its rank 0's, the only one that speaks for its steps
+    world_size: int
+
+
 class JobRecord(msgspec.Struct, kw_only=True):
     """What the coordinator keeps for a job in KV; ``status JOB --json`` prints it."""
 
@@ -342,6 +351,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     # next attempt launches only once its stop is done (coordinator.job_machine)
     stopping_attempt: int = 0
     stop_graceful: bool = False  # that stop lets the ranks checkpoint at a boundary first
+    given_up: GivenUp | None = None  # the attempt before the current one, until it trains
     # hangs found per node (worker.hung): a node whose ranks hang twice is left out
     hangs: dict[str, int] = msgspec.field(default_factory=dict)
     # a hang no node could pin, waiting for the network's word (coordinator.hang_verdict)

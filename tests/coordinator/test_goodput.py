@@ -14,6 +14,7 @@ from coordinator.goodput import (
     observe_step_time,
     stamp,
     stepped,
+    stepped_while_stopping,
 )
 from proto.job import GOODPUT_BUCKETS, JobRecord, JobSection, JobSpec, JobState
 
@@ -81,6 +82,39 @@ def test_the_time_a_fault_went_unnoticed_is_recovery_not_productive() -> None:
     j.state, j.last_step_at = JobState.PAUSED, 1004.0  # paused time stays paused
     charge_detection(j, 1010.0)
     assert j.goodput["recovery"] == pytest.approx(8.0)
+
+
+def test_steps_the_ranks_make_on_their_way_to_a_graceful_stop_are_training() -> None:
+    """A preemption notice at 1000.5 s: the job recovers, and its ranks train on to the
+    next boundary, where they checkpoint and stop. Their steps (1001 s, 1002.5 s, the
+    second reported late) are training, not recovery; the wait after them is recovery."""
+    j = job(JobState.RUNNING, step=40, step_s=0.5)
+    account(j, 990.0)
+    j.last_step_at = 1000.0
+    charge_detection(j, 1000.5)  # the notice: the policy restarts, gracefully
+    j.failed_at_step, j.state = j.step, JobState.RECOVERING
+    stepped_while_stopping(j, 41, at=1001.0, now=1001.2)
+    stepped_while_stopping(j, 42, at=1002.5, now=1003.5)
+    account(j, 1005.0)
+    assert j.goodput["productive"] == pytest.approx(4 * 12.5)  # 990 s to 1002.5 s
+    assert j.goodput["recovery"] == pytest.approx(4 * 2.5)  # 1002.5 s to 1005 s
+    assert j.failed_at_step == 42, "resumed from before them, they are redone"
+    charge_lost_work(j, resumed_at_step=40)
+    assert j.goodput["lost_work"] == pytest.approx(2 * 0.5 * 4)
+
+
+def test_a_stopping_attempt_s_step_after_a_long_gap_trains_for_the_threshold_only() -> None:
+    j = job(JobState.RUNNING, step=40, step_s=0.5)
+    account(j, 990.0)
+    j.last_step_at = 1000.0
+    account(j, 1010.0)  # past the 3-s threshold: stalled
+    charge_detection(j, 1010.0)
+    j.state = JobState.RECOVERING
+    stepped_while_stopping(j, 41, at=1010.0, now=1010.0)
+    assert j.goodput["productive"] == pytest.approx(4 * 13.0)
+    assert j.goodput["recovery"] == pytest.approx(4 * 7.0)
+    stepped_while_stopping(j, 41, at=1009.0, now=1011.0)  # repeated, late: nothing more
+    assert j.goodput["productive"] == pytest.approx(4 * 13.0)
 
 
 def test_after_rank_0_says_training_ended_the_time_is_idle() -> None:

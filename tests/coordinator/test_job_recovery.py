@@ -285,6 +285,38 @@ async def test_a_late_step_of_the_previous_attempt_does_not_make_the_next_one_ru
     assert job.state is JobState.RUNNING
 
 
+async def test_late_steps_of_the_replaced_attempt_are_training_then_redone_work() -> None:
+    """Rank 0's last steps can reach the coordinator after the relaunch (a loaded node
+    relays them late): what the ledger charged as recovery up to their stamps was
+    training, and the next attempt, resumed from before them, redoes them: lost work."""
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)  # 2 ranks, step 5
+    job.step_s, job.last_step_at = 0.25, time.time() - 2.0  # its newest step, 2 s ago
+    job.goodput["productive"] = 100.0  # its 50 s of training so far
+    await m.on_event(exited(job, 1, 1, node="node-1"))
+    await m.settle()
+    await m.start_pending(job)
+    assert job.state is JobState.STARTING and job.given_up is not None
+    assert job.given_up.node == "node-0" and job.given_up.attempt == 1
+    trained = job.goodput["productive"]
+    late = StepDone(job=job.id, step=8, loss=4.0, attempt=1, time=time.time() - 1.0)
+    await m.on_progress(late, "node-1")  # not its rank 0's node: no word of it
+    assert job.goodput["productive"] == trained and job.failed_at_step == 5
+    await m.on_progress(late, "node-0")
+    assert job.goodput["productive"] == pytest.approx(trained + 1.0 * 2, abs=0.01)
+    assert job.failed_at_step == 8 and job.state is JobState.STARTING
+    await m.on_progress(late, "node-0")  # repeated: nothing more
+    assert job.goodput["productive"] == pytest.approx(trained + 1.0 * 2, abs=0.01)
+    lost = job.goodput["lost_work"]
+    await rank0(m, StepDone(job=job.id, step=6, loss=4.0))  # resumed from step 5
+    assert job.state is JobState.RUNNING and job.given_up is None
+    assert job.goodput["lost_work"] - lost == pytest.approx(3 * 0.25 * 2)  # steps 6 to 8
+    productive = job.goodput["productive"]
+    await m.on_progress(StepDone(job=job.id, step=9, attempt=1, time=time.time()), "node-0")
+    assert job.failed_at_step == 8 and job.goodput["productive"] >= productive
+
+
 async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first() -> None:
     c = Cluster()
     m = c.leader()
