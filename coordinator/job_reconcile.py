@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import structlog
 
-from coordinator.reconcile import Exited, Missing, hosts_rank, job_findings, orphans
+from coordinator.reconcile import Exited, Memo, Missing, hosts_rank, job_findings, orphans
 from coordinator.registry import NodeInfo
 from proto.events import Severity, WorkerExited, WorkerHung
 from proto.job import JobRecord
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger()
 ORPHAN_RETRY_S = 10.0
+# s: between full passes; in between, a node is looked at again only when its rank reports
+# or its jobs changed (coordinator.reconcile.Memo), which is what the findings depend on
+FULL_PASS_S = 10.0
 LASTING_BEATS = 1.5  # beat intervals a finding must last before it is acted on
 K = TypeVar("K")
 
@@ -60,9 +63,12 @@ class Reconciler:
         self._orphans_stopped: dict[tuple[str, str, int], float] = {}
         self._orphans_seen = FirstSeen[tuple[str, str, int]]()  # (node, job, attempt)
         self._exits_seen = FirstSeen[tuple[str, int, int]]()  # (job, attempt, rank)
+        self._findings, self._orphans = Memo(), Memo()
+        self._full_at = -float("inf")
 
     def reset(self) -> None:
         self.since = time.monotonic()
+        self._full_at = -float("inf")
         self._orphans_stopped.clear()
         self._orphans_seen.clear()
         self._exits_seen.clear()
@@ -78,6 +84,10 @@ class Reconciler:
     async def reconcile(self) -> None:
         m, now = self.m, time.monotonic()
         nodes = m.registry.nodes
+        if now - self._full_at >= FULL_PASS_S:
+            self._full_at = now
+            self._findings.clear()
+            self._orphans.clear()
         # only nodes that run ranks or host a job can matter here: not a scan of them all
         hosting = {n for job in m.jobs.values() for n in job.nodes}
         silent = m.registry.silent([i for i, n in nodes.items() if n.ranks or i in hosting], now)
@@ -101,7 +111,7 @@ class Reconciler:
                     return node.beat_sent_at > answered[node.id]
                 return node.beat_seen > launched + node.interval_s
 
-            for found in job_findings(job, nodes, settled):
+            for found in job_findings(job, nodes, settled, self._findings):
                 if isinstance(found, Exited) and not self._exits_seen.lasted(
                     (job.id, job.attempt, found.report.rank), now, nodes[found.node].interval_s
                 ):
@@ -110,7 +120,7 @@ class Reconciler:
                 log.warning("reconciled a rank's exit", job=job.id, message=event.message)
                 await m.on_event(event)
         self._exits_seen.tick_done()
-        for orphan in orphans(m.jobs, nodes, lambda n: n.id not in silent):
+        for orphan in orphans(m.jobs, nodes, lambda n: n.id not in silent, self._orphans):
             report = orphan.report
             key = (orphan.node, report.job, report.attempt)
             if not self._orphans_seen.lasted(key, now, nodes[orphan.node].interval_s):

@@ -52,6 +52,11 @@ class NodeInfo:
     # received after it clears it
     suspect_at: float | None = None
     ranks: tuple[RankReport, ...] = ()  # the agent's, as of its newest beat
+    # counts the changes of what ``ranks`` says of each rank but its step (which rank of
+    # which attempt, its pid, alive or how it exited): equal, and a reconciliation's
+    # findings about this node are what they were
+    ranks_version: int = 0
+    _ranks_key: tuple[tuple[object, ...], ...] = field(default=(), repr=False)
     agent_started_at: float = 0.0  # when its agent process started (a new value: restarted)
     probe_port: int = 0  # its agent's peer-probe listener on ``addr`` (0: none)
     probe_confirm_s: float = 0.0  # how long its probes take to find a peer unreachable
@@ -157,6 +162,11 @@ class Registry:
         self._shortest_interval = min(self._shortest_interval, beat.interval_s)
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
+        key = tuple(
+            (r.job, r.rank, r.attempt, r.pid, r.alive, r.exit_code, r.signal) for r in beat.ranks
+        )
+        if key != node._ranks_key:
+            node._ranks_key, node.ranks_version = key, node.ranks_version + 1
         node.probe_port, node.probe_confirm_s = beat.probe_port, beat.probe_confirm_s
         if node._news or beat.conditions != node._beat_conditions:
             node.conditions = self._mirror(node, beat)

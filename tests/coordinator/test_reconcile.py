@@ -10,8 +10,8 @@ from test_jobs import Cluster, spec
 
 from coordinator import exclusion
 from coordinator.goodput import account
-from coordinator.reconcile import Exited, Missing, hosts_rank, job_findings, orphans
-from coordinator.registry import NodeInfo
+from coordinator.reconcile import Exited, Memo, Missing, hosts_rank, job_findings, orphans
+from coordinator.registry import NodeInfo, Registry
 from proto.api import JobControl, SubmitJob
 from proto.commands import Stop
 from proto.job import JobRecord, JobState
@@ -79,6 +79,66 @@ def test_orphans_are_live_ranks_nothing_expects() -> None:
     job.state = JobState.STOPPED  # an ended job: every live rank is an orphan
     assert len(orphans({"j-1": job}, nodes, lambda n: n.id != "node-1")) == 3
     assert len(orphans({}, nodes, lambda n: True)) == 5  # a job nobody knows
+
+
+def test_ranks_are_judged_by_the_node_that_hosts_them_with_several_gpus_a_node() -> None:
+    """Three nodes of 4 ranks (node-1 hosts ranks 4 to 7): each rank is looked for on its
+    own node only, and a rank reported elsewhere is an orphan there."""
+    s = spec(3)
+    s.job.gpus_per_node = 4
+    job = record(spec=s, world_size=12, nodes=["node-0", "node-1", "node-2"])
+    nodes = {
+        "node-0": node("node-0", *(rank(r) for r in range(4))),
+        "node-1": node("node-1", rank(4), rank(5), rank(6, alive=False, exit_code=1)),
+        "node-2": node("node-2", *(rank(r) for r in range(8, 12)), rank(3)),
+    }
+    assert job_findings(job, nodes, lambda n: True) == [
+        Exited("node-1", nodes["node-1"].ranks[2]),
+        Missing("node-1", 7),
+    ]
+    assert hosts_rank(job, "node-1", 7, 2) and not hosts_rank(job, "node-2", 3, 2)
+    assert not hosts_rank(job, "node-2", 12, 2)  # past the world
+    [orphan] = orphans({"j-1": job}, nodes, lambda n: True)
+    assert (orphan.node, orphan.report.rank) == ("node-2", 3)
+
+
+def test_with_a_memo_a_pass_looks_only_at_nodes_whose_reports_changed() -> None:
+    """Beats that change only the ranks' steps leave a node's findings as they were, and
+    the memo does not look at it again; a beat that changes what a rank is (it exited)
+    is looked at, and the findings are those of a pass without the memo."""
+    job = record()
+    reg = Registry()
+    memo, orphan_memo = Memo(), Memo()
+
+    def beat(name: str, seq: int, *reports: RankReport) -> None:
+        reg.observe(Heartbeat(node=name, seq=seq, sent_at=float(seq), ranks=reports), seq)
+
+    def same_as_without() -> list[Exited | Missing]:
+        found = job_findings(job, reg.nodes, lambda n: True, memo)
+        assert found == job_findings(job, reg.nodes, lambda n: True)
+        stray = orphans({"j-1": job}, reg.nodes, lambda n: True, orphan_memo)
+        assert stray == orphans({"j-1": job}, reg.nodes, lambda n: True)
+        return found
+
+    for seq in (1, 2, 3):  # training: the steps move on, nothing else does
+        beat("node-0", seq, rank(0, last_step=seq))
+        beat("node-1", seq, rank(1, last_step=seq), rank(0, attempt=1))
+        assert same_as_without() == []
+    assert orphans({"j-1": job}, reg.nodes, lambda n: True)  # the old attempt's rank 0
+    version = reg.nodes["node-0"].ranks_version
+    beat("node-0", 4, rank(0, last_step=4))
+    assert reg.nodes["node-0"].ranks_version == version
+    # not looked at again: a report changed behind the registry's back goes unseen ...
+    reg.nodes["node-0"].ranks = (rank(0, alive=False, exit_code=1),)
+    assert job_findings(job, reg.nodes, lambda n: True, memo) == []
+    # ... until a beat says it, or the memo is cleared for a full pass
+    beat("node-0", 5, rank(0, alive=False, exit_code=1))
+    assert reg.nodes["node-0"].ranks_version == version + 1
+    assert same_as_without() == [Exited("node-0", reg.nodes["node-0"].ranks[0])]
+    job.exited_ranks = {"0": 1}  # the exit recorded: found no more
+    assert same_as_without() == []
+    job.state = JobState.STOPPED  # the job ended: its ranks anywhere are orphans
+    assert len(orphans({"j-1": job}, reg.nodes, lambda n: True, orphan_memo)) == 2
 
 
 def test_a_left_out_node_comes_back_after_its_time_or_a_healthy_restart() -> None:
