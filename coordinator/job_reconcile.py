@@ -90,7 +90,8 @@ class Reconciler:
             self._orphans.clear()
         # only nodes that run ranks or host a job can matter here: not a scan of them all
         hosting = {n for job in m.jobs.values() for n in job.nodes}
-        silent = m.registry.silent([i for i, n in nodes.items() if n.ranks or i in hosting], now)
+        ranked = {i: nodes[i] for i in m.registry.ranked if i in nodes}
+        silent = m.registry.silent(list(hosting.union(ranked)), now)
         for job in list(m.jobs.values()):
             attempt, launched = m.launcher.launched_at.get(job.id, (0, self.since))
             answered = m.launcher.answered_at.get(job.id, {})
@@ -120,7 +121,7 @@ class Reconciler:
                 log.warning("reconciled a rank's exit", job=job.id, message=event.message)
                 await m.on_event(event)
         self._exits_seen.tick_done()
-        for orphan in orphans(m.jobs, nodes, lambda n: n.id not in silent, self._orphans):
+        for orphan in orphans(m.jobs, ranked, lambda n: n.id not in silent, self._orphans):
             report = orphan.report
             key = (orphan.node, report.job, report.attempt)
             if not self._orphans_seen.lasted(key, now, nodes[orphan.node].interval_s):

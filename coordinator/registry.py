@@ -131,6 +131,7 @@ class Registry:
         self.bus_outage_s = bus_outage_s
         self.away_grace_s = away_grace_s
         self._declared: list[NodeInfo] = []  # lost on a job's verdict since the last sweep
+        self.ranked: set[str] = set()  # the nodes whose newest beat lists ranks
         self._shortest_interval = math.inf  # of any node's heartbeat interval
         self._bus_seen: float | None = None  # None: no canary wired, the bus is assumed up
 
@@ -167,6 +168,7 @@ class Registry:
         )
         if key != node._ranks_key:
             node._ranks_key, node.ranks_version = key, node.ranks_version + 1
+            (self.ranked.add if key else self.ranked.discard)(beat.node)
         node.probe_port, node.probe_confirm_s = beat.probe_port, beat.probe_confirm_s
         if node._news or beat.conditions != node._beat_conditions:
             node.conditions = self._mirror(node, beat)

@@ -125,6 +125,7 @@ def test_with_a_memo_a_pass_looks_only_at_nodes_whose_reports_changed() -> None:
         beat("node-1", seq, rank(1, last_step=seq), rank(0, attempt=1))
         assert same_as_without() == []
     assert orphans({"j-1": job}, reg.nodes, lambda n: True)  # the old attempt's rank 0
+    assert reg.ranked == {"node-0", "node-1"}  # the nodes a pass looks at for orphans
     version = reg.nodes["node-0"].ranks_version
     beat("node-0", 4, rank(0, last_step=4))
     assert reg.nodes["node-0"].ranks_version == version
@@ -139,6 +140,8 @@ def test_with_a_memo_a_pass_looks_only_at_nodes_whose_reports_changed() -> None:
     assert same_as_without() == []
     job.state = JobState.STOPPED  # the job ended: its ranks anywhere are orphans
     assert len(orphans({"j-1": job}, reg.nodes, lambda n: True, orphan_memo)) == 2
+    beat("node-1", 6)  # its ranks gone
+    assert reg.ranked == {"node-0"}
 
 
 def test_a_left_out_node_comes_back_after_its_time_or_a_healthy_restart() -> None:
