@@ -759,6 +759,10 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
             latency_ms_median=statistics.median(lats) * 1000 if lats else None,
             latency_ms_p99=pct(lats, 99) * 1000 if lats else None,
             latency_ms_max=max(lats) * 1000 if lats else None,
+            slowest=[
+                f"{kind} {1000 * took:.0f} ms at {sent - first.t:.1f} s"
+                for sent, kind, took in sorted(agents.latencies, key=lambda x: -x[2])[:3]
+            ],
             node_lost_events=window_lost,
             timeline=[
                 {
@@ -843,6 +847,7 @@ def report(r: dict[str, Any]) -> None:
             f"held by policy {r['held_by_policy']}, lost {r['missing']}, "
             f"unmatched {r['unmatched']})",
         ),
+        ("  slowest", "; ".join(r.get("slowest", [])) or "none"),
         *[("  not decided", line) for line in (r["undecided"]["lost"][:5])],
         (
             "node records",
