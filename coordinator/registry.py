@@ -157,7 +157,10 @@ class Registry:
         node.addr, node.hostname, node.gpus = beat.addr, beat.hostname, beat.gpus
         node.cpus = beat.cpus
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
-        node._telemetry, node.jobs, node.last_seen = beat.telemetry, beat.jobs, now
+        node.jobs, node.last_seen = beat.jobs, now
+        # a raw field is a view of the whole beat it came in: held, a copy of itself alone
+        telemetry = beat.telemetry
+        node._telemetry = telemetry.copy() if isinstance(telemetry, msgspec.Raw) else telemetry
         node.beat_seen = now
         self.nodes.move_to_end(beat.node)
         self._shortest_interval = min(self._shortest_interval, beat.interval_s)

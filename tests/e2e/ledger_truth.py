@@ -16,8 +16,10 @@ between two steps longer than the hang threshold (max(3 × the attempt's median 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainer.log import read
 
@@ -113,3 +115,23 @@ def truth(runs: list[Attempt], started_at: float) -> dict[str, float]:
         buckets["recovery"] -= after
         previous, previous_end = run, end
     return buckets
+
+
+def check_ledger(final: Mapping[str, Any], ranks: dict[str, float]) -> None:
+    """The job's ledger (``final``: its status at the end) against the ranks' own account
+    (:func:`truth`). Each bucket within 1 % of the wall time plus a second per restart: a
+    boundary moves when the coordinator receives the message that marks it, a delivery
+    later than the rank's own stamp, on a loaded machine up to about a second each.
+    Training (productive and lost work together) within the same bound; lost work (the
+    redone steps × the time per step, which swings with the machine's load in a job this
+    short) within 5 % of the wall time. Productive is training less lost work: bounded
+    by both."""
+    wall = final["finished_at"] - final["started_at"]
+    ledger = {b: gpu_s / final["world_size"] for b, gpu_s in final["goodput"].items()}
+    off = {b: ledger[b] - seconds for b, seconds in ranks.items()}
+    table = ", ".join(f"{b} {ledger[b]:.2f} vs {ranks[b]:.2f}" for b in ranks)
+    exact = {b: d for b, d in off.items() if b not in ("productive", "lost_work")}
+    exact["training"] = off["productive"] + off["lost_work"]
+    bound = 0.01 * wall + 1.0 * final["restarts"]
+    assert all(abs(d) <= bound for d in exact.values()), f"wall {wall:.1f} s: {table}"
+    assert abs(off["lost_work"]) <= 0.05 * wall, f"wall {wall:.1f} s: {table}"

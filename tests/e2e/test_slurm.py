@@ -12,7 +12,8 @@ set on another node meanwhile stays. Slurm's ``USR1`` to the batch step stops th
 step every rank agrees on, with a checkpoint there (0 steps lost); ``start`` requeues the
 Slurm job and exits 75, and the requeued script's job resumes from that step. Preempted by
 a job of a higher partition (``PreemptMode=REQUEUE``, ``GraceTime``), Slurm's ``SIGTERM``
-stops it the same way, Slurm requeues it itself, and the next run resumes there.
+stops it the same way, Slurm requeues it itself, and the next run resumes there. Its time
+limit cut short, Slurm's warning before it (``--signal=B:USR1@100``) stops it the same way.
 
 Inside a 2-node allocation: an agent restarted by its supervisor, then the bus frozen
 for 30 s, drain nothing and restart nothing; a machine that dies (agent, ranks,
@@ -36,6 +37,7 @@ from slurm_cluster import Slurm, slurm
 
 from coordinator.ctl import netns as ns
 from coordinator.ctl.home import pid_file
+from ringmaster.checkpoints import newest_sealed
 from ringmaster.procs import read_pid
 from ringmaster.slurm import REQUEUE_EXIT
 
@@ -133,7 +135,8 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
     out = tmp_path / "batch.out"
     slurm_job = s(
         "sbatch", "--parsable", "--nodes=3", "--requeue", "--open-mode=append",
-        f"--output={out}", f"--chdir={tmp_path}", str(batch_script(ctl, tmp_path)),
+        "--signal=B:USR1@100", f"--output={out}", f"--chdir={tmp_path}",
+        str(batch_script(ctl, tmp_path)),
     ).strip()  # fmt: skip
 
     # the job runs on the allocation's nodes, the one it does not use held as its spare
@@ -188,11 +191,23 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
     assert third["resume_step"] == preempted["step"], third
     assert f"Slurm job {slurm_job} already requeued by Slurm" in out.read_text()
 
-    ctl("stop", third["id"])
-    ctl.wait(third["id"], lambda j: j["state"] == "stopped")
+    # a time limit: cut to 2 minutes, Slurm's warning 100 s before it (--signal, given at
+    # submission) comes at its next pass, and stops the job at a checkpoint, 0 lost
+    s("scontrol", "update", f"JobId={slurm_job}", "TimeLimit=2")
+    timed = ctl.wait(third["id"], lambda j: j["state"] == "stopped", timeout=120)
+    assert timed["requeue"] and "USR1" in timed["reason"], timed
+    saved = [e["step"] for e in ctl.events("--job", third["id"], "--kind", "job.checkpointed")]
+    assert saved and saved[-1] == timed["step"], (saved, timed)
+    s("scontrol", "update", f"JobId={slurm_job}", "TimeLimit=UNLIMITED")  # for the next run
+    fourth = ringmaster_job(ctl, 3)
+    assert fourth["resume_step"] == timed["step"], fourth
+
+    ctl("stop", fourth["id"])
+    ctl.wait(fourth["id"], lambda j: j["state"] == "stopped")
     # what Slurm's accounting says of the runs (sacct over the job completion log): the
-    # run stopped to be requeued, the preempted one, then the one the operator stopped
-    runs = [("PENDING", "0:0"), ("PREEMPTED", "0:0"), ("FAILED", "1:0")]
+    # run stopped to be requeued, the preempted one, the one warned of its time limit,
+    # then the one the operator stopped
+    runs = [("PENDING", "0:0"), ("PREEMPTED", "0:0"), ("PENDING", "0:0"), ("FAILED", "1:0")]
     eventually(lambda: s.completions(slurm_job) == runs, 30, lambda: s.completions(slurm_job), 0.5)
 
 
@@ -240,12 +255,16 @@ def test_restarts_drain_nothing_and_a_node_lost_with_no_spare_is_requeued_withou
     assert reason.startswith("ringmaster: node.lost: "), reason
     stopped = ctl.wait(job["id"], lambda j: j["state"] == "stopped", timeout=120)
     assert stopped["requeue"] and "cannot continue inside Slurm job" in stopped["reason"]
+    # the newest checkpoint the ranks sealed (the record's may lag behind their reports on
+    # a loaded bus), read before the requeued job can write more
+    sealed = newest_sealed(tmp_path / "ckpt")
+    assert sealed is not None and sealed.step >= (stopped["last_checkpoint_step"] or 0)
     eventually(lambda: f"exit {REQUEUE_EXIT}" in out.read_text(), 60, out.read_text, 0.5)
 
     # the requeued job gets an allocation without the drained node, and resumes
     again = ringmaster_job(ctl, 1)
     assert victim not in again["allocation"]["hosts"] and victim not in again["nodes"]
-    assert again["resume_step"] == stopped["last_checkpoint_step"], again
+    assert again["resume_step"] == sealed.step, (again, sealed)
 
     # its batch step killed outright (no word to the job): the allocation is gone, and the
     # ranks, the agents' children, are stopped rather than left training on given-up nodes
