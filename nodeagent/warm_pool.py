@@ -209,6 +209,8 @@ class WarmPool:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         spares, self.spares = self.spares, []
         await asyncio.gather(*(kill(s) for s in spares), return_exceptions=True)
+        with contextlib.suppress(OSError):  # their sockets went with them; another file stays
+            spare_dir(self.run_dir).rmdir()  # (a deep run dir's is in the temp dir)
 
     def _refill(self) -> None:
         async def later() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from supervisor_waits import until
 from nodeagent.warm_pool import WarmPool
 from proto.warm import WarmLaunch
 from ringmaster.procs import pid_alive
-from ringmaster.rundir import live_spares, recorded_spares
+from ringmaster.rundir import live_spares, recorded_spares, spare_dir
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
@@ -76,13 +77,15 @@ def spare(tmp_path: Path) -> list[str]:
 
 
 @pytest.fixture
-def pids() -> Iterator[list[int]]:
-    """Spares and ranks to kill when the test is done (they are nobody's children)."""
+def pids(tmp_path: Path) -> Iterator[list[int]]:
+    """Spares and ranks to kill when the test is done (they are nobody's children); then
+    their socket directory, in the temp dir for a run dir as deep as a test's."""
     left: list[int] = []
     yield left
     for pid in left:
         if pid_alive(pid):
             os.killpg(pid, signal.SIGKILL)
+    shutil.rmtree(spare_dir(tmp_path / "run"), ignore_errors=True)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from proto.job import JobSection, JobSpec
 from proto.progress import Progress
 from proto.warm import WarmLaunch
 from ringmaster.procs import pid_alive, start_time
-from ringmaster.rundir import JobDir, LiveRank, live_ranks
+from ringmaster.rundir import JobDir, LiveRank, live_ranks, spare_dir
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
@@ -224,6 +224,7 @@ async def test_close_kills_spares_but_not_the_ranks_they_became(
     spares = [s.pid for s in pool.spares]
     await pool.close()
     await until(lambda: not any(pid_alive(p) for p in spares), timeout=5)
+    assert not spare_dir(tmp_path / "run").exists(), "their socket directory is removed"
     assert rank.returncode is None and pid_alive(rank.pid)
     os.killpg(rank.pid, signal.SIGKILL)  # its own session, as for a rank started cold
     assert await rank.wait() == -signal.SIGKILL
