@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from coordinator import network_culprit
 from coordinator.actions import Action, FinishJob, RefuseNode, ReportStraggler, RestartJob
 from coordinator.job_machine import LIVE, rewind_spent
+from coordinator.reconcile import host_of
 from proto.conditions import Condition
 from proto.job import Failure, JobRecord, JobState
 from proto.progress import BandwidthChecked, Rewound, Stragglers, slow_nodes
@@ -80,12 +81,11 @@ def on_stragglers(
     ``reported``: ranks already reported this attempt). One slow window is a hiccup of the
     host (a checkpoint write, a neighbour's burst), not a slow GPU. With spares, the first
     straggler's node is replaced gracefully (uncharged: nothing failed)."""
-    per_node = job.spec.job.gpus_per_node
     actions: list[Action] = []
     for rank, (seconds, median) in sorted(slow_ranks(job, msg).items()):
-        if rank in reported or rank not in slow_before or rank // per_node >= len(job.nodes):
+        node = host_of(job, rank)
+        if rank in reported or rank not in slow_before or node is None:
             continue
-        node = job.nodes[rank // per_node]
         actions.append(ReportStraggler(node, rank, seconds, median))
         if job.spec.job.spares and not any(isinstance(a, RestartJob) for a in actions):
             why = f"rank {rank} on {node} straggles: {seconds:.3f} s/step vs {median:.3f} s"

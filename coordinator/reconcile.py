@@ -210,7 +210,7 @@ def peers_stepped_on(job: JobRecord, nodes: Mapping[str, NodeInfo], silent: str)
     per, count = _hosted(job)
     return any(
         r.job == job.id and r.attempt == job.attempt and r.last_step >= job.step + 2
-        for node_id in set(job.nodes[: -(-count // per)]) - {silent}
+        for node_id in set(job.nodes[: (count + per - 1) // per]) - {silent}  # those with ranks
         if (node := nodes.get(node_id)) is not None
         for r in node.ranks
     )
