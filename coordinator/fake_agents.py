@@ -6,18 +6,18 @@ lifecycle is tested without a NATS server."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proto.commands import CommandBase, CommandReply, Launch, ReservePort
+from ringmaster.clock import SYSTEM, Clock
 
 
 @dataclass
 class FakeAgents:
     """Every node's agent. ``down`` nodes do not answer; ``failing`` ones answer errors;
     a launch on a node in ``slow`` is answered once ``go`` is set (a node whose ranks take
-    long to start)."""
+    long to start). ``clock``: the nodes' own, which stamps their replies."""
 
     port: int = 29500
     epoch_seen: dict[str, int] = field(default_factory=dict)
@@ -27,6 +27,7 @@ class FakeAgents:
     failing: dict[str, str] = field(default_factory=dict)
     slow: set[str] = field(default_factory=set)
     go: asyncio.Event = field(default_factory=asyncio.Event)
+    clock: Clock = SYSTEM
 
     def sender(self, me: str, epoch: Callable[[], int]) -> FakeSender:
         """The command channel of a coordinator called ``me`` leading at ``epoch()``."""
@@ -47,7 +48,7 @@ class FakeAgents:
         self.received.append((node, cmd))
         if node in self.failing:
             return CommandReply(ok=False, node=node, epoch_seen=cmd.epoch, error=self.failing[node])
-        reply = CommandReply(ok=True, node=node, epoch_seen=cmd.epoch, sent_at=time.time())
+        reply = CommandReply(ok=True, node=node, epoch_seen=cmd.epoch, sent_at=self.clock.time())
         if isinstance(cmd, ReservePort):
             reply.port = self.port
         elif isinstance(cmd, Launch):

@@ -6,7 +6,6 @@ decided by the policy like a fault's."""
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -16,11 +15,13 @@ from proto.conditions import Condition, ConditionKind, Severity
 from proto.events import EventBase, JobSubmitted
 from proto.job import Allocation, JobRecord
 from proto.progress import Reaction
+from ringmaster.clock import Clock
 
 
 class OperatorInputs:
     jobs: dict[str, JobRecord]
     publish: Callable[[EventBase], Awaitable[None]]
+    clock: Clock
 
     async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
         raise NotImplementedError
@@ -52,7 +53,7 @@ class OperatorInputs:
             target_steps=spec.train.steps,
             resume_step=req.resume_step,
             resume_job=req.resume_job,
-            submitted_at=time.time(),
+            submitted_at=self.clock.time(),
         )
         self.jobs[job_id] = job
         await self.save(job)
@@ -90,6 +91,7 @@ class OperatorInputs:
                     active=opened,
                     severity=Severity.INFO,
                     reason=f"operator {'pause' if opened else 'resume'}",
+                    since=self.clock.time(),
                 )
                 for action in policy.on_condition(job, cond):
                     await self.apply(job, action)

@@ -7,7 +7,6 @@ decisions are the policy's."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -23,6 +22,7 @@ from proto.conditions import Severity
 from proto.events import EventBase, JobAtRisk, NodeAway, SpotNotice, WorkerExited, WorkerHung
 from proto.job import JobRecord
 from proto.node import NodeState
+from ringmaster.clock import Clock
 
 log = structlog.get_logger()
 
@@ -33,6 +33,7 @@ class EventInputs:
     registry: Registry
     reconciler: Reconciler
     stopper: Stopper
+    clock: Clock
     _dirty: set[str]
     _stepped_at: dict[str, float]  # monotonic time of each job's newest step
     _exited_at: dict[tuple[str, int], float]  # (job, attempt): its first rank's exit
@@ -50,7 +51,9 @@ class EventInputs:
                 await self.apply(None, action)
         for job in list(self.jobs.values()):
             if isinstance(event, SpotNotice) and event.deadline and event.node:
-                await self._warn_at_risk(job, event.node, event.deadline.timestamp() - time.time())
+                await self._warn_at_risk(
+                    job, event.node, event.deadline.timestamp() - self.clock.time()
+                )
             if isinstance(event, WorkerExited | WorkerHung) and event.job == job.id:
                 if not self.reconciler.speaks_for(job, event):
                     continue
@@ -67,7 +70,7 @@ class EventInputs:
         silent: frozenset[str] = frozenset()
         if self._failed_rank(job, event):
             # only a rank's failure asks which nodes are gone (see policy.decide)
-            now = time.monotonic()
+            now = self.clock.monotonic()
             silent = self.registry.silent(job.nodes, now) | await self.stopper.unreachable(job)
         progressing = self._stepped_since_silent(job, event)
         judged = isinstance(event, WorkerHung) or self._failed_rank(job, event)
@@ -86,7 +89,7 @@ class EventInputs:
         due = evidence_at(self._stepped_at.get(job.id), job.step_s)
         if due is None or self._decidable(job, event, due):
             return False
-        self._awaited.wait(job, event, due, time.monotonic())
+        self._awaited.wait(job, event, due, self.clock.monotonic())
         log.info(
             "node silent; its verdict waits for its peers' next beat", job=job.id, node=node.id
         )
@@ -102,7 +105,7 @@ class EventInputs:
         wait = max((n.probe_confirm_s for n in nodes if n is not None), default=0.0)
         if wait <= 0:
             return False
-        if hang_verdict.hold(job, event, time.time() + wait + hang_verdict.SLACK_S):
+        if hang_verdict.hold(job, event, self.clock.time() + wait + hang_verdict.SLACK_S):
             log.info("hang without a culprit; its verdict waits for the network", job=job.id)
             self._dirty.add(job.id)
         return True
@@ -142,7 +145,7 @@ class EventInputs:
         else:
             code = event.exit_code if event.exit_code is not None else -(event.signal or 255)
             job.exited_ranks[str(event.rank)] = code
-            self._exited_at.setdefault((job.id, job.attempt), time.monotonic())
+            self._exited_at.setdefault((job.id, job.attempt), self.clock.monotonic())
         self._dirty.add(job.id)
 
     @staticmethod
@@ -169,7 +172,7 @@ class EventInputs:
         """Every tick: an away node of a live job whose ranks still step is vouched for,
         so that its grace does not run out (:meth:`Registry.vouch`); one that no job
         vouches for is lost once it does."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for job in self.jobs.values():
             if job.state not in job_machine.LIVE:
                 continue

@@ -5,7 +5,6 @@ small; the decisions are the policy's."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 
 from coordinator import actions, job_machine, loop_support, policy, progress_policy
@@ -46,11 +45,13 @@ from proto.progress import (
     StepDone,
     Stragglers,
 )
+from ringmaster.clock import Clock
 
 
 class ProgressInputs:
     jobs: dict[str, JobRecord]
     publish: Callable[[EventBase], Awaitable[None]]
+    clock: Clock
     _dirty: set[str]
     _stepped_at: dict[str, float]  # monotonic time of each job's newest step
     _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
@@ -67,7 +68,7 @@ class ProgressInputs:
         every = policy.bounded_cadence(job)
         if every is None or job.bounding_checkpoint_at is not None:
             return
-        job.bounding_checkpoint_at = time.time()
+        job.bounding_checkpoint_at = self.clock.time()
         notice = job.spec.policy.preemption_notice_s or 0.0
         await self.publish(
             JobAtRisk(
@@ -91,7 +92,7 @@ class ProgressInputs:
             return
         if isinstance(msg, StepDone) and _given_up_speaks(job, msg.attempt, sender):
             assert job.given_up is not None
-            now = time.time()
+            now = self.clock.time()
             at = stamp(msg.time, now)
             stepped_while_stopping(job, msg.step, at, now, job.given_up.world_size)
             self._dirty.add(job.id)
@@ -103,7 +104,7 @@ class ProgressInputs:
             case LoopReady():
                 await self._loop_ready(job, msg)
             case PhaseChanged(name=name, entered=entered, bound_s=bound):
-                now = time.time()
+                now = self.clock.time()
                 at = stamp(msg.time, now)
                 account(job, now)
                 if entered:
@@ -115,14 +116,14 @@ class ProgressInputs:
             case StepDone(step=step, loss=loss):
                 # productive wall time per step: between consecutive steps' stamps (their
                 # arrivals bunch up after a frozen bus or a leader change)
-                now = time.time()
+                now = self.clock.time()
                 at, last = stamp(msg.time, now), self._stamped.get(job.id)
                 between = at - last[1] if last and last[0] == step - 1 else None
                 self._stamped[job.id] = (step, at)
                 observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
-                self._stepped_at[job.id] = time.monotonic()
+                self._stepped_at[job.id] = self.clock.monotonic()
                 if step % job.spec.checkpoint.every_steps == 0:
-                    self._checkpoint_began[job.id] = (step, time.monotonic())
+                    self._checkpoint_began[job.id] = (step, self.clock.monotonic())
                 if job.state is JobState.STARTING:
                     began_training(job, at, now)
                 elif job.last_step_at is None or job.last_step_at < (job.attempt_started_at or 0):
@@ -165,7 +166,7 @@ class ProgressInputs:
                 job.last_checkpoint_step = step
                 began = self._checkpoint_began.pop(job.id, None)
                 if began is not None and began[0] == step:
-                    job.checkpoint_s = time.monotonic() - began[1]
+                    job.checkpoint_s = self.clock.monotonic() - began[1]
                     await self._at_risk_ahead(job)
                 job_machine.fire(job, job_machine.Input.CHECKPOINTED)
                 move_stall(job, stall)
@@ -179,7 +180,7 @@ class ProgressInputs:
                     )
                 )
             case Finished(outcome=outcome, step=step):
-                account(job, time.time())  # what came before the word was training
+                account(job, self.clock.time())  # what came before the word was training
                 job.finished, job.step = outcome, max(job.step, step)
                 for action in progress_policy.all_exited(job):
                     await self.apply(job, action)

@@ -12,7 +12,6 @@ lost event still costs at most that long.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import structlog
@@ -58,8 +57,10 @@ class FirstSeen(Generic[K]):
 
 class Reconciler:
     def __init__(self, manager: JobManager) -> None:
-        self.m = manager
-        self.since = time.monotonic()  # when this leader took over: beats before it prove nothing
+        self.m, self.clock = manager, manager.clock
+        self.since = (
+            self.clock.monotonic()
+        )  # when this leader took over: beats before it prove nothing
         self._orphans_stopped: dict[tuple[str, str, int], float] = {}
         self._orphans_seen = FirstSeen[tuple[str, str, int]]()  # (node, job, attempt)
         self._exits_seen = FirstSeen[tuple[str, int, int]]()  # (job, attempt, rank)
@@ -67,7 +68,7 @@ class Reconciler:
         self._full_at = -float("inf")
 
     def reset(self) -> None:
-        self.since = time.monotonic()
+        self.since = self.clock.monotonic()
         self._full_at = -float("inf")
         self._orphans_stopped.clear()
         self._orphans_seen.clear()
@@ -82,7 +83,7 @@ class Reconciler:
         return not (isinstance(event, WorkerExited) and str(event.rank) in job.exited_ranks)
 
     async def reconcile(self) -> None:
-        m, now = self.m, time.monotonic()
+        m, now = self.m, self.clock.monotonic()
         nodes = m.registry.nodes
         if now - self._full_at >= FULL_PASS_S:
             self._full_at = now

@@ -10,13 +10,16 @@ records (compare-and-set, :mod:`coordinator.jobstore`) and carries out what they
 of state is saved before the commands that act on it are sent, so a deposed leader's late
 transition fails at the store instead of reaching the nodes. Stops and launches run as
 tasks (:mod:`coordinator.recovery`, :mod:`coordinator.launch`) whose end is an input.
+
+Time is an input too: the manager and everything it builds (launcher, stopper,
+reconciler) read the one :class:`~ringmaster.clock.Clock` it is given and hand ``now`` to
+the pure modules, so a test's manual clock drives every decision at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -57,6 +60,7 @@ from proto.events import (
 from proto.job import JobRecord, JobState
 from proto.node import NodeState
 from proto.progress import Reaction
+from ringmaster.clock import SYSTEM, Clock
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
@@ -70,15 +74,21 @@ _END_INPUT = {
 
 class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     def __init__(
-        self, store: CasStore, commander: CommandSender, registry: Registry, publish: Publish
+        self,
+        store: CasStore,
+        commander: CommandSender,
+        registry: Registry,
+        publish: Publish,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.store = JobStore(store)
         self.cmd = commander
         self.registry = registry
         self.publish = publish
+        self.clock = clock  # what every decision of the manager's (and its parts') reads
         self.jobs: dict[str, JobRecord] = {}
-        self.launcher = Launcher(commander, registry, publish, self.save)
-        self.stopper = Stopper(commander, registry)
+        self.launcher = Launcher(commander, registry, publish, self.save, clock)
+        self.stopper = Stopper(commander, registry, clock)
         self.reconciler = Reconciler(self)
         self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
         self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
@@ -105,7 +115,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     async def save(self, job: JobRecord) -> None:
         """Compare-and-set; on a conflict the record another leader wrote replaces ours
         and the conflict propagates, so nothing acts on the stale transition."""
-        job.updated_at = time.time()
+        job.updated_at = self.clock.time()
         try:
             await self.store.save(job)
         except Conflict:
@@ -204,7 +214,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         it repeats), leave out what the policy names, then stop the attempt as a task."""
         if job.state not in job_machine.LIVE or job.stopping:
             return
-        now = time.time()
+        now = self.clock.time()
         if action.failure is not None:
             if (spent := job_machine.charge(job, action.failure, action.exclude)) is not None:
                 await self.finish(job, JobState.FAILED, f"{action.reason}; {spent}")
@@ -291,7 +301,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
             await self._ended(job, row, reason)
 
     async def _ended(self, job: JobRecord, row: job_machine.Row, reason: str) -> None:
-        job.finished_at = time.time()
+        job.finished_at = self.clock.time()
         await self.save(job)
         if Effect.KILL_RANKS in row.effects and job.nodes:
             self.spawn(job.id, "kill", self.stopper.kill(job.id, list(job.nodes), reason))
@@ -307,10 +317,10 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     # -- periodic ---------------------------------------------------------------------
 
     async def tick(self) -> None:
-        now = time.time()
+        now = self.clock.time()
         await self.reconciler.reconcile()
         self.vouch_for_away_nodes()
-        for job, away in self._awaited.ready(self.jobs, time.monotonic(), self._decidable):
+        for job, away in self._awaited.ready(self.jobs, self.clock.monotonic(), self._decidable):
             node = self.registry.nodes.get(away.node or "")
             if node is not None and node.state is NodeState.AWAY:  # not beating again since
                 await self._decide(job, away)
@@ -339,7 +349,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                 job.bounding_checkpoint_at = now
                 await self._checkpoint(job, "bounding what a preemption notice can cost")
             exited = self._exited_at.get((job.id, job.attempt))
-            if exited is not None and time.monotonic() - exited > OVERDUE_S:
+            if exited is not None and self.clock.monotonic() - exited > OVERDUE_S:
                 for action in progress_policy.overdue(job):
                     await self.apply(job, action)
         await self.flush()
@@ -369,8 +379,8 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
 
     def _free(self, job: JobRecord) -> list[str]:
         """Healthy nodes ``job`` could grow onto: its spares first, then unused ones."""
-        left_out = exclusion.left_out(job, self.registry.nodes, time.time())
-        busy, now = self._busy(job) | set(job.nodes) | set(left_out), time.monotonic()
+        left_out = exclusion.left_out(job, self.registry.nodes, self.clock.time())
+        busy, now = self._busy(job) | set(job.nodes) | set(left_out), self.clock.monotonic()
         silent = self.registry.silent(list(self.registry.nodes), now)
         free = [
             i

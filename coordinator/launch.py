@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -32,6 +31,7 @@ from proto.events import (
     Severity,
 )
 from proto.job import GivenUp, JobRecord, JobState
+from ringmaster.clock import Clock
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
@@ -40,9 +40,10 @@ Save = Callable[[JobRecord], Awaitable[None]]
 
 class Launcher:
     def __init__(
-        self, cmd: CommandSender, registry: Registry, publish: Publish, save: Save
+        self, cmd: CommandSender, registry: Registry, publish: Publish, save: Save, clock: Clock
     ) -> None:
         self.cmd, self.registry, self.publish, self.save = cmd, registry, publish, save
+        self.clock = clock  # the job manager's
         self._waiting_logged: dict[str, str] = {}
         self._refusals: dict[str, dict[str, str]] = {}
         # each job's newest attempt and when every node answered its launch (monotonic;
@@ -63,12 +64,12 @@ class Launcher:
             spec.nodes,
             spec.gpus_per_node,
             busy,
-            exclusion.left_out(job, self.registry.nodes, time.time()),
+            exclusion.left_out(job, self.registry.nodes, self.clock.time()),
             minimum=minimum,
             spares=spec.spares,
         )
         if not adm.chosen:
-            job.waiting_since = job.waiting_since or time.time()
+            job.waiting_since = job.waiting_since or self.clock.time()
             need = f"{minimum}" if minimum == spec.nodes else f"{minimum} to {spec.nodes}"
             why = f"waiting for {need} healthy nodes; skipped: " + (
                 "; ".join(f"{n}: {r}" for n, r in adm.skipped.items()) or "none registered"
@@ -93,9 +94,9 @@ class Launcher:
         job.exited_ranks, job.finished = {}, ""
         job.nodes, job.world_size = nodes, len(nodes) * spec.gpus_per_node
         job.spare_nodes, job.waiting_since = adm.spares, None
-        job.attempt_started_at = time.time()
+        job.attempt_started_at = now = self.clock.time()
         job.master_addr, job.master_port = adm.chosen[0].addr, reply.port
-        job.started_at = job.started_at or time.time()
+        job.started_at = job.started_at or now
         fire(job, Input.LAUNCH)
         # until every node has answered, a node's beat may not list a rank it is starting
         self.launched_at[job.id] = (job.attempt, math.inf)
@@ -134,7 +135,7 @@ class Launcher:
             fire(job, Input.UNDO_RELAUNCH if restarting else Input.UNDO_FIRST_LAUNCH)
             await self.save(job)
             return False
-        self.launched_at[job.id] = (job.attempt, time.monotonic())
+        self.launched_at[job.id] = (job.attempt, self.clock.monotonic())
         self.answered_at[job.id] = {p.node: r.sent_at for p, r in zip(plans, replies, strict=True)}
         job.reason = ""
         if not loop_support.reports_steps(job):

@@ -12,7 +12,6 @@ another job's fault handling.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import structlog
@@ -23,6 +22,7 @@ from coordinator.registry import Registry
 from proto.commands import Ping, Stop
 from proto.job import JobRecord, JobState
 from proto.progress import Reaction
+from ringmaster.clock import Clock
 
 log = structlog.get_logger()
 
@@ -33,13 +33,13 @@ GROW_AFTER_S = 30.0  # a shrunk job runs this long on its nodes before growing b
 
 
 class Stopper:
-    def __init__(self, cmd: CommandSender, registry: Registry) -> None:
-        self.cmd, self.registry = cmd, registry
+    def __init__(self, cmd: CommandSender, registry: Registry, clock: Clock) -> None:
+        self.cmd, self.registry, self.clock = cmd, registry, clock  # the job manager's clock
         self._pinged: dict[tuple[str, int], frozenset[str]] = {}
 
     def reachable(self, nodes: list[str]) -> list[str]:
         """A node known to be gone would only make a stop wait for its timeout."""
-        gone = self.registry.silent(nodes, time.monotonic())
+        gone = self.registry.silent(nodes, self.clock.monotonic())
         return [n for n in nodes if n in self.registry.nodes and n not in gone]
 
     async def stop_attempt(
@@ -95,7 +95,7 @@ class Stopper:
                 silent = set()
             for node in silent:
                 log.warning("node did not answer a ping", job=job.id, node=node)
-                self.registry.suspect(node, time.monotonic())
+                self.registry.suspect(node, self.clock.monotonic())
             self._pinged = {k: v for k, v in self._pinged.items() if k[0] != job.id}
             self._pinged[key] = frozenset(silent)
         return self._pinged[key]

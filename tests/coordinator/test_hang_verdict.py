@@ -5,8 +5,6 @@ one of its nodes off is restarted without it whatever was decided before
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from test_job_recovery import launched
 from test_jobs import Cluster, rank0
@@ -35,7 +33,10 @@ def waiting(job: JobRecord, node: str = "node-0") -> WorkerHung:
     )
 
 
-def probing(c: Cluster, confirm_s: float = 5.0) -> None:
+CONFIRM_S = 5.0  # how long the nodes' probes take to find a peer unreachable
+
+
+def probing(c: Cluster, confirm_s: float = CONFIRM_S) -> None:
     for node in c.registry.nodes.values():
         node.probe_confirm_s = confirm_s
 
@@ -89,26 +90,23 @@ async def test_a_new_leader_gives_the_verdict_its_predecessor_held() -> None:
     assert moved.held_hang is None
 
 
-async def test_without_the_networks_word_the_wait_ends_in_a_plain_restart(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(hang_verdict, "SLACK_S", -10.0)  # the wait is over at once
+async def test_without_the_networks_word_the_wait_ends_in_a_plain_restart() -> None:
     c = Cluster(nodes=4)
     m = c.leader()
     job = await three_nodes(c, m)
     probing(c)
     await m.on_event(waiting(job))
     await m.tick()
+    assert job.state is JobState.RUNNING  # the probes may still speak
+    c.clock.advance(CONFIRM_S + hang_verdict.SLACK_S)  # they did not
+    await m.tick()
     assert job.state is JobState.RECOVERING and job.restarts == 1
     assert not job.excluded  # no node blamed without evidence
 
 
-async def test_a_job_that_steps_past_a_held_hang_was_slow_and_is_not_restarted(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_job_that_steps_past_a_held_hang_was_slow_and_is_not_restarted() -> None:
     """A loaded machine stretches one step past the floor: every rank looks stalled in a
     collective, then the step completes. The nodes' newest word wins over the held one."""
-    monkeypatch.setattr(hang_verdict, "SLACK_S", -10.0)  # the wait is over at once
     c = Cluster(nodes=4)
     m = c.leader()
     job = await three_nodes(c, m)
@@ -117,6 +115,7 @@ async def test_a_job_that_steps_past_a_held_hang_was_slow_and_is_not_restarted(
     await m.on_event(waiting(job))  # hung after step 5
     assert job.held_hang is not None
     await rank0(m, StepDone(job=job.id, step=6))
+    c.clock.advance(CONFIRM_S + hang_verdict.SLACK_S)  # the wait is over
     await m.tick()
     assert job.state is JobState.RUNNING and job.restarts == 0, job.reason
     assert job.held_hang is None
@@ -144,11 +143,11 @@ async def test_a_start_stuck_with_a_cut_off_node_is_restarted_without_it() -> No
     m = c.leader()
     job = await three_nodes(c, m)
     job.state = JobState.STARTING  # the attempt started, no step yet
-    job.attempt_started_at = time.time()
+    job.attempt_started_at = c.clock.time()
     cut_off(c, "node-2", job)
     await m.tick()
     assert job.state is JobState.STARTING  # not stalled for the threshold yet
-    job.attempt_started_at = job.last_step_at = time.time() - 60
+    c.clock.advance(60.0)
     await m.tick()
     assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-2"]
     assert "no step for 60 s with a node cut off from its peers" in job.reason
@@ -159,7 +158,7 @@ async def test_a_job_that_steps_is_left_alone_whatever_the_probes_say() -> None:
     m = c.leader()
     job = await three_nodes(c, m)
     cut_off(c, "node-2", job)
-    job.attempt_started_at = time.time() - 60
-    job.last_step_at = time.time()
+    c.clock.advance(60.0)  # a minute into the attempt ...
+    job.last_step_at = c.clock.time()  # ... its newest step just now
     await m.tick()
     assert job.state is JobState.RUNNING and job.restarts == 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -183,28 +182,27 @@ async def test_a_missed_exit_is_found_by_reconciliation_within_a_beat() -> None:
     job_id = await reach(c, m, R)
     job = m.jobs[job_id]
     m.launcher.launched_at[job_id] = (job.attempt, -1e9)  # launched long before the beat
-    ranks = [
-        RankReport(job=job_id, rank=1, attempt=job.attempt, pid=10_001, alive=False, exit_code=1)
-    ]
-    c.registry.observe(
-        Heartbeat(node="node-1", seq=2, sent_at=time.time(), addr="10.0.0.2", gpus=1, ranks=ranks),
-        time.monotonic(),
-    )
-    c.registry.observe(
-        Heartbeat(
-            node="node-0",
-            seq=2,
-            sent_at=time.time(),
-            addr="10.0.0.1",
-            gpus=1,
-            ranks=[RankReport(job=job_id, rank=0, attempt=job.attempt, pid=10_000, alive=True)],
+    ranks = {
+        "node-0": RankReport(job=job_id, rank=0, attempt=job.attempt, pid=10_000, alive=True),
+        "node-1": RankReport(
+            job=job_id, rank=1, attempt=job.attempt, pid=10_001, alive=False, exit_code=1
         ),
-        time.monotonic(),
-    )
+    }
+
+    def beat_after(seconds: float) -> None:
+        """Every node beats ``seconds`` on, listing its rank as above."""
+        c.clock.advance(seconds)
+        for node, report in ranks.items():
+            beat = Heartbeat(node=node, seq=2, sent_at=c.clock.time(), gpus=1, ranks=[report])
+            c.registry.observe(beat, c.clock.monotonic())
+
+    beat_after(1.0)  # the first beats since the launch was answered
     await m.tick()  # the agent's own event, sent first, may still be on its way
     assert job.state is not RE and "worker.exited" not in c.kinds()
-    listed = m.reconciler._exits_seen
-    listed.first = {k: v - 10.0 for k, v in listed.first.items()}  # a beat and a half: missed
+    beat_after(1.0)
+    await m.tick()
+    assert job.state is not RE  # listed for one beat: still not missed
+    beat_after(1.0)  # a beat and a half: missed
     await m.tick()
     assert job.state is RE and job.restarts == 1
     assert "from node-1's rank report" in job.reason
@@ -220,19 +218,26 @@ async def test_an_exit_listed_in_a_beat_before_its_event_arrives_is_recorded_onc
     job_id = await reach(c, m, R)
     job = m.jobs[job_id]
     m.launcher.launched_at[job_id] = (job.attempt, -1e9)
-    for r, alive in ((0, True), (1, False)):
-        report = RankReport(
-            job=job_id, rank=r, attempt=job.attempt, pid=10_000 + r, alive=alive, exit_code=1
-        )
-        beat = Heartbeat(node=f"node-{r}", seq=2, sent_at=time.time(), gpus=1, ranks=[report])
-        c.registry.observe(beat, time.monotonic())
+
+    def beat_after(seconds: float) -> None:
+        c.clock.advance(seconds)
+        for r, alive in ((0, True), (1, False)):
+            report = RankReport(
+                job=job_id, rank=r, attempt=job.attempt, pid=10_000 + r, alive=alive, exit_code=1
+            )
+            beat = Heartbeat(
+                node=f"node-{r}", seq=2, sent_at=c.clock.time(), gpus=1, ranks=[report]
+            )
+            c.registry.observe(beat, c.clock.monotonic())
+
+    beat_after(1.0)
     await m.tick()
     exited = WorkerExited(node="node-1", job=job_id, rank=1, attempt=job.attempt, exit_code=1)
     c.events.append(exited)  # the agent's event, a beat late
     await m.on_event(exited)
-    listed = m.reconciler._exits_seen
-    listed.first = {k: v - 10.0 for k, v in listed.first.items()}
-    await m.tick()
+    for _ in range(2):  # the beats list it on, past a beat and a half
+        beat_after(1.0)
+        await m.tick()
     await m.settle()
     assert job.restarts == 1 and c.kinds().count("worker.exited") == 1, c.kinds()
 

@@ -4,8 +4,7 @@ stragglers and numeric faults — over the in-memory store and fake agents."""
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import msgspec
 import pytest
@@ -87,12 +86,12 @@ async def test_a_dead_agent_is_found_by_ping_and_one_fault_costs_one_restart() -
     assert job.nodes == ["node-0", "node-2"]
 
 
-async def test_a_lost_node_whose_ranks_still_step_is_not_restarted() -> None:
-    c = Cluster()
-    m = c.leader()
+async def test_a_lost_node_whose_ranks_still_step_is_not_restarted(
+    cluster: Cluster, manager: JobManager
+) -> None:
+    c, m = cluster, manager
     job = await launched(c, m)
-    quiet = c.registry.nodes["node-1"]
-    quiet.last_seen = quiet.beat_seen = time.monotonic() - 5.0  # its agent went quiet
+    c.advance(5.0, "node-1")  # its agent went quiet
     await rank0(m, StepDone(job=job.id, step=9, loss=4.0))  # ... ranks still step
     await m.on_event(NodeAway(node="node-1"))
     assert job.state is JobState.RUNNING and job.restarts == 0
@@ -150,7 +149,7 @@ async def test_with_no_node_left_a_job_shrinks_to_min_nodes_and_grows_back() -> 
     stops = len(c.agents.commands(Stop))
     await m.tick()
     assert job.state is JobState.RUNNING  # not before it ran a while on its nodes
-    job.attempt_started_at = time.time() - 60
+    c.advance(60.0, "node-1")
     await m.tick()
     assert job.state is JobState.RECOVERING and job.restarts == 1  # growing is uncharged
     await m.settle()
@@ -171,7 +170,7 @@ async def test_without_min_nodes_a_job_waits_then_fails_with_the_reason() -> Non
     await m.start_pending(job)
     assert job.state is JobState.RECOVERING and "waiting for 2 healthy nodes" in job.reason
     assert job.waiting_since is not None
-    job.waiting_since -= job.spec.policy.wait_for_nodes_s + 1
+    c.advance(job.spec.policy.wait_for_nodes_s + 1, "node-1")
     await m.tick()
     assert job.state is JobState.FAILED and "waiting for 2 healthy nodes" in job.reason
     assert isinstance(c.events[-1], JobFailed)
@@ -285,41 +284,44 @@ async def test_a_late_step_of_the_previous_attempt_does_not_make_the_next_one_ru
     assert job.state is JobState.RUNNING
 
 
-async def test_late_steps_of_the_replaced_attempt_are_training_then_redone_work() -> None:
+async def test_late_steps_of_the_replaced_attempt_are_training_then_redone_work(
+    cluster: Cluster, manager: JobManager
+) -> None:
     """Rank 0's last steps can reach the coordinator after the relaunch (a loaded node
     relays them late): what the ledger charged as recovery up to their stamps was
     training, and the next attempt, resumed from before them, redoes them: lost work."""
-    c = Cluster()
-    m = c.leader()
+    c, m = cluster, manager
     job = await launched(c, m)  # 2 ranks, step 5
-    job.step_s, job.last_step_at = 0.25, time.time() - 2.0  # its newest step, 2 s ago
+    job.step_s = 0.25
     job.goodput["productive"] = 100.0  # its 50 s of training so far
+    c.advance(2.0)  # its newest step, 2 s ago
     await m.on_event(exited(job, 1, 1, node="node-1"))
     await m.settle()
     await m.start_pending(job)
     assert job.state is JobState.STARTING and job.given_up is not None
     assert job.given_up.node == "node-0" and job.given_up.attempt == 1
     trained = job.goodput["productive"]
-    late = StepDone(job=job.id, step=8, loss=4.0, attempt=1, time=time.time() - 1.0)
+    late = StepDone(job=job.id, step=8, loss=4.0, attempt=1, time=c.clock.time() - 1.0)
     await m.on_progress(late, "node-1")  # not its rank 0's node: no word of it
     assert job.goodput["productive"] == trained and job.failed_at_step == 5
     await m.on_progress(late, "node-0")
-    assert job.goodput["productive"] == pytest.approx(trained + 1.0 * 2, abs=0.01)
+    assert job.goodput["productive"] == pytest.approx(trained + 1.0 * 2, abs=1e-9)
     assert job.failed_at_step == 8 and job.state is JobState.STARTING
     await m.on_progress(late, "node-0")  # repeated: nothing more
-    assert job.goodput["productive"] == pytest.approx(trained + 1.0 * 2, abs=0.01)
+    assert job.goodput["productive"] == pytest.approx(trained + 1.0 * 2, abs=1e-9)
     lost = job.goodput["lost_work"]
     await rank0(m, StepDone(job=job.id, step=6, loss=4.0))  # resumed from step 5
     assert job.state is JobState.RUNNING and job.given_up is None
     assert job.goodput["lost_work"] - lost == pytest.approx(3 * 0.25 * 2)  # steps 6 to 8
     productive = job.goodput["productive"]
-    await m.on_progress(StepDone(job=job.id, step=9, attempt=1, time=time.time()), "node-0")
+    await m.on_progress(StepDone(job=job.id, step=9, attempt=1, time=c.clock.time()), "node-0")
     assert job.failed_at_step == 8 and job.goodput["productive"] >= productive
 
 
-async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first() -> None:
-    c = Cluster()
-    m = c.leader()
+async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first(
+    cluster: Cluster, manager: JobManager
+) -> None:
+    c, m = cluster, manager
     job = await launched(c, m)
     every = job.spec.checkpoint.every_steps
     await rank0(m, StepDone(job=job.id, step=every, loss=4.0, attempt=job.attempt))
@@ -328,7 +330,7 @@ async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first(
     assert policy.at_risk(job, "node-1", 5.0 + job.checkpoint_s) is None  # it fits
     job.checkpoint_s = 12.0  # as measured on a large model
     cond = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="gcp")
-    deadline = datetime.now(UTC) + timedelta(seconds=5)
+    deadline = datetime.fromtimestamp(c.clock.time() + 5.0, UTC)
     await m.on_event(SpotNotice(node="node-1", deadline=deadline, condition=cond))
     [risk] = [e for e in c.events if isinstance(e, JobAtRisk)]
     assert risk.checkpoint_s == 12.0 and 4.0 < risk.window_s <= 5.0
@@ -340,9 +342,10 @@ async def test_a_notice_shorter_than_the_measured_checkpoint_time_is_said_first(
     assert policy.at_risk(fresh, "node-1", 1.0) is None  # nothing measured: no evidence
 
 
-async def test_checkpoints_longer_than_the_expected_notice_are_said_and_made_often() -> None:
-    c = Cluster()
-    m = c.leader()
+async def test_checkpoints_longer_than_the_expected_notice_are_said_and_made_often(
+    cluster: Cluster, manager: JobManager
+) -> None:
+    c, m = cluster, manager
     job = await launched(c, m)
     job.spec.policy.preemption_notice_s = 30.0
     every = job.spec.checkpoint.every_steps
@@ -355,7 +358,7 @@ async def test_checkpoints_longer_than_the_expected_notice_are_said_and_made_oft
     await m._at_risk_ahead(job)
     [risk] = [e for e in c.events if isinstance(e, JobAtRisk)]
     assert risk.window_s == 30.0 and "checkpointing every 50 s" in risk.message
-    job.bounding_checkpoint_at = time.time() - 51
+    c.advance(51.0)
     await m.tick()
     [asked] = c.agents.commands(CheckpointNow, "node-0")
     assert "preemption" in asked.reason  # type: ignore[attr-defined]

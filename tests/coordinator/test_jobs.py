@@ -1,11 +1,10 @@
 """The job state machine (docs/architecture.md, ``proto.job.JobState``) without a NATS
 server: the job manager over the in-memory compare-and-set store and fake agents that
 fence by epoch. Each test follows one transition and checks the record in the store, the
-commands the agents accepted and the events published."""
+commands the agents accepted and the events published. Time is a manual clock: it passes
+only when a test advances it."""
 
 from __future__ import annotations
-
-import time
 
 import pytest
 
@@ -40,16 +39,20 @@ from proto.events import (
 from proto.job import JobRecord, JobSection, JobSpec, JobState
 from proto.node import Heartbeat
 from proto.progress import Checkpointed, Finished, Paused, Progress, Resumed, StepDone
+from ringmaster.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
 
 class Cluster:
-    """One store, one set of agents and one registry, shared by every leader a test makes."""
+    """One store, one set of agents, one registry and one manual clock, shared by every
+    leader a test makes: the clock moves only when the test advances it, and every leader,
+    the agents' replies and the beats read it."""
 
     def __init__(self, nodes: int = 3) -> None:
+        self.clock = ManualClock()
         self.store = MemoryCasStore()
-        self.agents = FakeAgents()
+        self.agents = FakeAgents(clock=self.clock)
         self.registry = Registry()
         self.events: list[EventBase] = []
         for i in range(nodes):
@@ -65,13 +68,22 @@ class Cluster:
             gpus=1,
             conditions=[*conditions],
         )
-        self.registry.observe(beat, now=time.monotonic())
+        self.registry.observe(beat, now=self.clock.monotonic())
+
+    def advance(self, seconds: float, *silent: str) -> None:
+        """``seconds`` pass, and then every node beats but the ``silent`` ones (a beat
+        carries the agent's whole word: what a test set on a node's record is replaced)."""
+        self.clock.advance(seconds)
+        for node in list(self.registry.nodes):
+            if node not in silent:
+                self.beat(node)
 
     def leader(self, me: str = "c-0", epoch: int = 1) -> JobManager:
         async def publish(event: EventBase) -> None:
             self.events.append(event)
 
-        return JobManager(self.store, self.agents.sender(me, lambda: epoch), self.registry, publish)
+        sender = self.agents.sender(me, lambda: epoch)
+        return JobManager(self.store, sender, self.registry, publish, clock=self.clock)
 
     async def stored(self, job_id: str) -> JobRecord:
         found = await self.store.get(job_id)
@@ -291,15 +303,16 @@ async def test_running_to_completed_when_every_rank_is_done() -> None:
 
 
 async def test_clean_exits_without_the_final_word_fail_when_overdue(
-    monkeypatch: pytest.MonkeyPatch,
+    cluster: Cluster, manager: JobManager
 ) -> None:
-    monkeypatch.setattr(jobs_module, "OVERDUE_S", 0.0)
-    c = Cluster()
-    m = c.leader()
+    c, m = cluster, manager
     job = await running(c, m)
     await m.on_event(exited(job, 0, 0))
     await m.on_event(exited(job, 1, 0, node="node-1"))
     assert job.state is JobState.RUNNING
+    await m.tick()
+    assert job.state is JobState.RUNNING  # rank 0's word may still be on its way
+    c.advance(jobs_module.OVERDUE_S + 0.1)
     await m.tick()
     stored = await c.stored(job.id)
     assert stored.state is JobState.FAILED and "ranks exited at step 1" in stored.reason
@@ -542,13 +555,12 @@ async def test_a_leader_change_mid_transition_leaves_the_successor_state() -> No
     assert encode(old.jobs[job.id]) == encode(stored)
 
 
-async def test_a_dead_machine_costs_one_restart() -> None:
+async def test_a_dead_machine_costs_one_restart(cluster: Cluster, manager: JobManager) -> None:
     """node-1 dies with its rank: the peer's exit restarts the job without node-1 (its
     agent is already silent), and the node.lost that follows is no second restart."""
-    c = Cluster()
-    m = c.leader()
+    c, m = cluster, manager
     job = await running(c, m)
-    c.registry.nodes["node-1"].last_seen = time.monotonic() - 2.0  # two beats missed
+    c.advance(2.0, "node-1")  # two beats node-1's agent missed
     await m.on_event(exited(job, 0, 1, node="node-0"))
     assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-1"]
     await m.settle()

@@ -6,8 +6,6 @@ ledger does not call unmeasured time productive."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from coordinator import actions, goodput, loop_support, policy
@@ -127,7 +125,7 @@ async def test_a_script_that_reports_no_steps_has_an_unknown_ledger_and_restart_
     reply = await m.submit(SubmitJob(spec=entry_spec(), workdir="/w"))
     job = m.jobs[reply.job]
     await m.start_pending(job)
-    start = time.time()
+    start = c.clock.time()
     goodput.account(job, start)
     goodput.account(job, start + 10.0)
     assert job.goodput["productive"] == 0.0
@@ -148,7 +146,7 @@ async def test_time_in_a_named_phase_is_the_phase_s_up_to_its_bound() -> None:
     job = m.jobs[reply.job]
     await m.start_pending(job)
     await rank0(m, LoopReady(job=job.id, framework="custom", reactions=list(Reaction)))
-    now = time.time()  # stamps lie in the past: a report is never from the future
+    now = c.clock.time()  # stamps lie in the past: a report is never from the future
     await rank0(m, StepDone(job=job.id, step=1, time=now - 21.0))
     await rank0(m, PhaseChanged(job=job.id, name="eval", entered=True, bound_s=30.0, time=now - 20))
     assert job.phase is not None and job.phase.name == "eval"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from test_jobs import Cluster, spec
@@ -189,19 +188,22 @@ async def test_an_orphan_reported_for_over_a_beat_is_killed_bounded_to_its_attem
     assert job.state is JobState.STOPPED
     kills = len(c.agents.commands(Stop))
     report = RankReport(job=job.id, rank=1, attempt=job.attempt, pid=7, alive=True)
-    beat = Heartbeat(node="node-1", seq=9, sent_at=time.time(), gpus=1, ranks=[report])
-    c.registry.observe(beat, time.monotonic())
-    await m.tick()
-    await m.settle()
+
+    async def tick_after(seconds: float) -> None:
+        """A tick ``seconds`` on, after node-1's beat that still lists the rank."""
+        c.clock.advance(seconds)
+        beat = Heartbeat(node="node-1", seq=9, sent_at=c.clock.time(), gpus=1, ranks=[report])
+        c.registry.observe(beat, c.clock.monotonic())
+        await m.tick()
+        await m.settle()
+
+    await tick_after(1.0)
     assert len(c.agents.commands(Stop)) == kills  # one beat may show a rank just stopped
-    seen = m.reconciler._orphans_seen
-    seen.first = {k: v - 10.0 for k, v in seen.first.items()}
-    await m.tick()
-    await m.settle()
+    await tick_after(1.0)
+    await tick_after(1.0)  # listed for over a beat and a half
     [kill] = c.agents.commands(Stop)[kills:]
     assert isinstance(kill, Stop) and kill.force and kill.attempt == job.attempt
-    await m.tick()  # still reported: not again before ORPHAN_RETRY_S
-    await m.settle()
+    await tick_after(1.0)  # still reported: not again before ORPHAN_RETRY_S
     assert len(c.agents.commands(Stop)) == kills + 1
 
 
@@ -218,10 +220,11 @@ async def test_a_node_still_starting_its_ranks_is_not_missing_them() -> None:
         await asyncio.sleep(0)
     assert job.state is JobState.STARTING and job.attempt == 1
     for seq in (5, 6):  # beats from both nodes well after the launch began
+        c.clock.advance(10.0)
         started = RankReport(job=job.id, rank=0, attempt=1, pid=10_000, alive=True)
         for name, ranks in (("node-0", [started]), ("node-1", [])):
-            beat = Heartbeat(node=name, seq=seq, sent_at=time.time(), gpus=1, ranks=ranks)
-            c.registry.observe(beat, time.monotonic() + 10.0 * seq)
+            beat = Heartbeat(node=name, seq=seq, sent_at=c.clock.time(), gpus=1, ranks=ranks)
+            c.registry.observe(beat, c.clock.monotonic())
         await m.tick()
     assert job.state is JobState.STARTING and job.restarts == 0, job.reason
     assert "exited" not in " ".join(c.kinds())
@@ -245,15 +248,19 @@ async def test_a_beat_sent_before_the_launch_answer_is_no_evidence_however_late_
     assert job.state is JobState.STARTING and job.attempt == 1
     answered = m.launcher.answered_at[job.id]["node-1"]
     ours = RankReport(job=job.id, rank=0, attempt=1, pid=10_000, alive=True)
-    late = time.monotonic() + 30.0  # read long after the launch
+    c.registry.bus_alive(c.clock.monotonic())  # the coordinator's canary, before an outage
+    c.clock.advance(30.0)  # read long after the launch
     for name, ranks, sent in (("node-0", [ours], answered + 1), ("node-1", [], answered - 0.5)):
-        c.registry.observe(Heartbeat(node=name, seq=9, sent_at=sent, gpus=1, ranks=ranks), late)
-    c.registry.bus_alive(late + 5.0)  # an outage's end moves every node's last-seen time
+        beat = Heartbeat(node=name, seq=9, sent_at=sent, gpus=1, ranks=ranks)
+        c.registry.observe(beat, c.clock.monotonic())
+    c.clock.advance(5.0)
+    c.registry.bus_alive(c.clock.monotonic())  # an outage's end moves every node's last-seen time
     await m.tick()
     await m.settle()
     assert job.restarts == 0 and "worker.exited" not in c.kinds(), job.reason
+    c.clock.advance(1.0)
     beat = Heartbeat(node="node-1", seq=10, sent_at=answered + 0.5, gpus=1, ranks=[])
-    c.registry.observe(beat, late + 6.0)  # sent after its answer: the rank is missing
+    c.registry.observe(beat, c.clock.monotonic())  # sent after its answer: the rank is missing
     await m.tick()
     await m.settle()
     assert "worker.exited" in c.kinds() and job.restarts == 1, job.reason
