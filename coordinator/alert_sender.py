@@ -17,7 +17,6 @@ import collections
 import contextlib
 import json
 import ssl
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ import structlog
 
 from coordinator.alerts import Alert, AlertPolicy, AlertSettings, TokenBucket, payload
 from proto.events import EventBase
+from ringmaster.clock import SYSTEM, Clock
 from ringmaster.retry import retrying_async
 
 log = structlog.get_logger()
@@ -76,10 +76,15 @@ class Webhook:
     """One URL's queue and the task that drains it."""
 
     def __init__(
-        self, url: str, settings: AlertSettings, retry: Retry, http: httpx.AsyncClient
+        self,
+        url: str,
+        settings: AlertSettings,
+        retry: Retry,
+        http: httpx.AsyncClient,
+        clock: Clock,
     ) -> None:
-        self.url, self.retry, self.http = url, retry, http
-        self.bucket = TokenBucket(settings.rate_per_s, settings.burst, time.monotonic())
+        self.url, self.retry, self.http, self.clock = url, retry, http, clock
+        self.bucket = TokenBucket(settings.rate_per_s, settings.burst, clock.monotonic())
         self.queue: collections.deque[bytes] = collections.deque()
         self.sent = self.dropped = self.failed = 0
         self._wake = asyncio.Event()
@@ -103,7 +108,7 @@ class Webhook:
             await self._wake.wait()
             self._wake.clear()
             while self.queue:
-                while (wait := self.bucket.take(time.monotonic())) > 0:
+                while (wait := self.bucket.take(self.clock.monotonic())) > 0:
                     await asyncio.sleep(wait)
                 await self._deliver(self.queue.popleft())
 
@@ -147,7 +152,7 @@ class Alerter:
         route: Callable[[EventBase], frozenset[str]],
         settings: AlertSettings | None = None,
         retry: Retry | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.route, self.clock = route, clock
         self.settings, self.retry = settings or AlertSettings(), retry or Retry()
@@ -160,7 +165,7 @@ class Alerter:
         """Decide and enqueue; never waits and never raises (alerting must not be the
         reason an event goes unhandled). Call from the event loop."""
         try:
-            self._send(self.policy.offer(event, self.route(event), self.clock()))
+            self._send(self.policy.offer(event, self.route(event), self.clock.monotonic()))
             if self._ticker is None:
                 self._ticker = asyncio.create_task(self._tick(), name="alerts-summary")
         except Exception as exc:
@@ -179,7 +184,7 @@ class Alerter:
         for alert in alerts:
             hook = self.hooks.get(alert.url)
             if hook is None:
-                hook = Webhook(alert.url, self.settings, self.retry, self.http)
+                hook = Webhook(alert.url, self.settings, self.retry, self.http, self.clock)
                 self.hooks[alert.url] = hook
             hook.put(json.dumps(payload(alert.text)).encode())
 
@@ -188,6 +193,6 @@ class Alerter:
         while True:
             await asyncio.sleep(min(IDLE_TICK_S, self.settings.summary_window_s))
             try:
-                self._send(self.policy.due(self.clock()))
+                self._send(self.policy.due(self.clock.monotonic()))
             except Exception as exc:
                 log.error("alerting failed", error=repr(exc))

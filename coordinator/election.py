@@ -22,12 +22,12 @@ and agents refuse its epoch once they have seen the new one.
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
 
 from coordinator.cas import CasStore, Conflict
+from ringmaster.clock import SYSTEM, Clock
 
 LEASE_KEY = "leader"
 GONE_ROUNDS = 2  # rounds in a row the bus says the holder is gone before its lease is taken
@@ -55,7 +55,7 @@ class Election:
         store: CasStore,
         me: str,
         ttl: float = 2.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM,
         holder_gone: HolderGone | None = None,
     ) -> None:
         self.store = store
@@ -78,7 +78,7 @@ class Election:
 
     async def step(self) -> Role:
         """One round: renew if leading, else watch the lease and take it when it lapses."""
-        now = self.clock()
+        now = self.clock.monotonic()
         if self.role is Role.LEADER:
             await self._renew(now)
             return self.role
@@ -105,7 +105,7 @@ class Election:
         return self.role
 
     async def _acquire(self, now: float, last: int | None) -> None:
-        record = msgspec.json.encode(LeaseRecord(holder=self.me, renewed_at=time.time()))
+        record = msgspec.json.encode(LeaseRecord(holder=self.me, renewed_at=self.clock.time()))
         try:
             rev = (
                 await self.store.create(LEASE_KEY, record)
@@ -120,7 +120,7 @@ class Election:
         await self._renew(now)
 
     async def _renew(self, now: float) -> None:
-        record = LeaseRecord(holder=self.me, epoch=self.epoch, renewed_at=time.time())
+        record = LeaseRecord(holder=self.me, epoch=self.epoch, renewed_at=self.clock.time())
         try:
             self._rev = await self.store.update(LEASE_KEY, msgspec.json.encode(record), self._rev)
             self._renewed_at = now
@@ -135,7 +135,7 @@ class Election:
         """Hand the lease over at once on a clean shutdown (no standby waits out the TTL)."""
         if self.role is not Role.LEADER:
             return
-        record = LeaseRecord(holder="", epoch=self.epoch, renewed_at=time.time())
+        record = LeaseRecord(holder="", epoch=self.epoch, renewed_at=self.clock.time())
         try:
             await self.store.update(LEASE_KEY, msgspec.json.encode(record), self._rev)
         finally:

@@ -60,6 +60,7 @@ class Leadership:
         self.alert = alert  # node events reach the leader only here; its own via publish
         self.nc, self.js, self.cluster, self.me = nc, js, cluster, me
         self.buckets, self.registry, self.jobs, self.publish = buckets, registry, jobs, publish
+        self.clock = jobs.clock  # one clock for the leader's decisions and its jobs'
         self.decisions = decisions  # event time → policy done (coordinator.metrics)
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
@@ -149,6 +150,8 @@ class Leadership:
 
     @staticmethod
     async def _every(period: float, work: Callable[[], Awaitable[None]]) -> None:
+        """Pacing, on the machine's own clock: nothing here decides, so a test's manual
+        clock (which the duties' decisions read) need not move for a duty to run again."""
         while True:
             started = time.monotonic()
             await work()
@@ -193,7 +196,7 @@ class Leadership:
             self.registry.observe_condition(event.condition)
         await self.jobs.on_event(event)
         if self.decisions is not None:
-            self.decisions.observe(max(0.0, time.time() - event.time.timestamp()))
+            self.decisions.observe(max(0.0, self.clock.time() - event.time.timestamp()))
 
     async def _on_progress(self, subject: str, data: bytes) -> None:
         sender = subjects.sender(subject)
@@ -206,7 +209,7 @@ class Leadership:
             log.warning("ignored malformed progress", error=str(exc))
 
     async def _tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         away, lost = self.registry.sweep(now)
         for node in away:
             grace = self.registry.away_grace_s
@@ -230,7 +233,7 @@ class Leadership:
         """Node records go to KV when what an operator sees changes (state, conditions,
         jobs, drain) and otherwise at most every ``NODE_REFRESH_S``: telemetry changes every
         beat, and 10,000 nodes must not mean 10,000 KV writes a second."""
-        wall, mono = time.time(), time.monotonic()
+        wall, mono = self.clock.time(), self.clock.monotonic()
         changed, stale = [], []
         for i, node in enumerate(list(self.registry.nodes.values())):  # beats add nodes
             if i and i % YIELD_EVERY == 0:

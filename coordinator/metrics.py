@@ -15,8 +15,7 @@ a long-lived leader's exposition does not grow with every job it ever ran.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -27,6 +26,7 @@ from coordinator.election import Role
 from coordinator.registry import NodeInfo
 from proto.job import GOODPUT_BUCKETS, JobRecord, JobState
 from proto.node import NodeState
+from ringmaster.clock import SYSTEM, Clock
 
 # From a healthy pause (tens of ms) to a decision stuck behind a stalled bus (seconds).
 DECISION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -69,10 +69,10 @@ def registry_for(
     nodes: Nodes,
     jobs: Jobs,
     retention_s: float = RETENTION_S,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = SYSTEM,
 ) -> CollectorRegistry:
     """A private registry (the global one would add the client's own process metrics).
-    ``clock`` is the wall clock job records are stamped with (``finished_at``)."""
+    ``clock``: the one job records are stamped with (``finished_at``)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CoordinatorCollector(me, election, nodes, jobs, retention_s, clock))
     return registry
@@ -86,7 +86,7 @@ class CoordinatorCollector(Collector):
         nodes: Nodes,
         jobs: Jobs,
         retention_s: float,
-        clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
         self.me, self.election, self.nodes, self.jobs = me, election, nodes, jobs
         self.retention_s, self.clock = retention_s, clock
@@ -108,7 +108,9 @@ class CoordinatorCollector(Collector):
         yield from (leader, epoch)
         if leading:
             yield node_family(list(dict(self.nodes.nodes).values()))
-            yield from job_families(retained(dict(self.jobs.jobs), self.retention_s, self.clock()))
+            yield from job_families(
+                retained(dict(self.jobs.jobs), self.retention_s, self.clock.time())
+            )
 
 
 def retained(jobs: Mapping[str, JobRecord], retention_s: float, now: float) -> dict[str, JobRecord]:

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 
 import msgspec
 import structlog
@@ -38,6 +37,7 @@ from proto.events import CoordinatorLeader, EventBase
 from proto.node import CoordinatorRecord
 from ringmaster import clock_responder, metrics, systemd_notify
 from ringmaster.bus import connect, publish_event
+from ringmaster.clock import SYSTEM, Clock
 from ringmaster.retry import retrying_async
 
 log = structlog.get_logger()
@@ -58,7 +58,10 @@ class Coordinator:
         alert_url: str = "",
         creds: str | None = None,
         slurm: str = "off",
+        clock: Clock = SYSTEM,
     ) -> None:
+        # what every decision reads the time from: beats' arrivals, the lease, the jobs
+        self.clock = clock
         # drain in Slurm what the nodes report (coordinator.slurm_drains): on, off, or auto
         # (whenever Slurm's commands and configuration are there)
         self.slurm = slurm
@@ -88,13 +91,20 @@ class Coordinator:
             KvCasStore(lease_buckets.leader),
             self.me,
             self.ttl,
+            clock=self.clock,
             holder_gone=presence.prober(lease_nc, self.cluster),
         )
         self.election = election
         commander = Commander(nc, self.cluster, self.me, lambda: election.epoch)
-        jobs = JobManager(KvCasStore(buckets.jobs), commander, self.registry, self.publish)
-        self.alerter = Alerter(lambda e: destinations(e, jobs.jobs.values(), self.alert_url))
-        exposition = registry_for(self.me, election, self.registry, jobs, self.metrics_retention_s)
+        jobs = JobManager(
+            KvCasStore(buckets.jobs), commander, self.registry, self.publish, clock=self.clock
+        )
+        self.alerter = Alerter(
+            lambda e: destinations(e, jobs.jobs.values(), self.alert_url), clock=self.clock
+        )
+        exposition = registry_for(
+            self.me, election, self.registry, jobs, self.metrics_retention_s, self.clock
+        )
         self._decisions = decision_latency(exposition)
         self.metrics = metrics.serve(
             exposition, self.metrics_port, self.metrics_addr, host=socket.gethostname()
@@ -104,10 +114,10 @@ class Coordinator:
             with contextlib.suppress(msgspec.DecodeError):
                 beat = node_beat_decoder.decode(msg.data)
                 if beat.node == subjects.sender(msg.subject):  # a node speaks for itself only
-                    self.registry.observe(beat, time.monotonic())
+                    self.registry.observe(beat, self.clock.monotonic())
 
         async def on_canary(msg: Msg) -> None:
-            self.registry.bus_alive(time.monotonic())
+            self.registry.bus_alive(self.clock.monotonic())
 
         await beats_nc.subscribe(subjects.heartbeats(self.cluster), cb=on_beat)
         await beats_nc.subscribe(subjects.canary(self.cluster, self.me), cb=on_canary)
@@ -206,7 +216,7 @@ class Coordinator:
             role=self.election.role.value,
             epoch=self.election.epoch,
             pid=os.getpid(),
-            updated_at=time.time(),
+            updated_at=self.clock.time(),
             metrics_url=self.metrics.url if self.metrics is not None else "",
         )
         with contextlib.suppress(Exception):

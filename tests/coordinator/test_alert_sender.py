@@ -1,10 +1,10 @@
 """Alerts against a local HTTP server that records what arrives: dedupe and summaries end
 to end, retries that never hold up the caller, the rate limit, and what the HTTP client
-does with proxies, credentials in the URL, redirects and TLS."""
+does with proxies, credentials in the URL, redirects and TLS. The alerter's clock is a
+manual one: summary windows end and the rate limit's tokens come only as a test says."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import http.client
@@ -14,8 +14,8 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,8 @@ from test_alerts import thermal
 from coordinator.alert_sender import Alerter, Retry, Webhook
 from coordinator.alerts import AlertSettings
 from proto.conditions import Severity
-from proto.events import JobCompleted
+from proto.events import EventBase, JobCompleted
+from ringmaster.clock import ManualClock
 from ringmaster.procs import wait_until_async
 
 pytestmark = pytest.mark.anyio
@@ -45,10 +46,10 @@ def no_proxy_from_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Recorder:
-    """What arrived (monotonic time, JSON body, headers); answers ``codes`` in turn, then
-    200 (a 3xx with a Location header)."""
+    """What arrived (``clock``'s monotonic time, JSON body, headers); answers ``codes`` in
+    turn, then 200 (a 3xx with a Location header)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: ManualClock) -> None:
         self.got: list[tuple[float, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []
         self.codes: list[int] = []
@@ -57,7 +58,7 @@ class Recorder:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                recorder.got.append((time.monotonic(), json.loads(body)))
+                recorder.got.append((clock.monotonic(), json.loads(body)))
                 recorder.headers.append(dict(self.headers.items()))
                 code = recorder.codes.pop(0) if recorder.codes else 200
                 self.send_response(code)
@@ -124,8 +125,13 @@ class Proxy:
 
 
 @pytest.fixture
-def server() -> Iterator[Recorder]:
-    recorder = Recorder()
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def server(clock: ManualClock) -> Iterator[Recorder]:
+    recorder = Recorder(clock)
     with running(recorder.server):
         yield recorder
 
@@ -146,7 +152,7 @@ async def until(predicate: Any, timeout: float = 30.0) -> None:
 
 async def deliver(url: str, retry: Retry = ONCE) -> Webhook:
     """One message to ``url``, through a fresh Alerter (it reads the environment now)."""
-    alerter = Alerter(lambda e: frozenset({url}), FAST, retry)
+    alerter = Alerter(lambda e: frozenset({url}), FAST, retry, ManualClock())
     alerter.notify(JobCompleted(job="j-1", message="done"))
     hook = alerter.hooks[url]
     await until(lambda: hook.sent + hook.failed == 1)
@@ -154,19 +160,31 @@ async def deliver(url: str, retry: Retry = ONCE) -> Webhook:
     return hook
 
 
-async def settle(alerter: Alerter, seconds: float) -> None:
-    """Close after ``seconds`` more: long enough for anything extra to have arrived."""
-    await asyncio.sleep(seconds)
+def at(event: EventBase, clock: ManualClock) -> EventBase:
+    """``event`` stamped with the clock's wall time (two events stamped alike are one)."""
+    event.time = datetime.fromtimestamp(clock.time(), UTC)
+    return event
+
+
+async def settle(alerter: Alerter, server: Recorder, clock: ManualClock) -> None:
+    """Close once nothing more arrives: past the summary window, anything the alerter
+    still held would reach the server within the bound."""
+    clock.advance(alerter.settings.summary_window_s)
+    arrived = len(server.got)
+    with contextlib.suppress(TimeoutError):
+        await until(lambda: len(server.got) > arrived, timeout=0.3)
     await alerter.close()
 
 
-async def test_a_thermal_fault_makes_one_alert_and_one_resolution(server: Recorder) -> None:
-    alerter = Alerter(lambda e: frozenset({server.url}), FAST)
+async def test_a_thermal_fault_makes_one_alert_and_one_resolution(
+    server: Recorder, clock: ManualClock
+) -> None:
+    alerter = Alerter(lambda e: frozenset({server.url}), FAST, clock=clock)
     for level, temp in ((2, 95.0), (2, 97.0), (1, 90.0), (2, 95.0), (0, 40.0)):
-        alerter.notify(thermal("node-1", level, temp))
-        await asyncio.sleep(0.05)
+        alerter.notify(at(thermal("node-1", level, temp), clock))
+        clock.advance(0.05)
     await until(lambda: len(server.got) >= 2)
-    await settle(alerter, 0.3)
+    await settle(alerter, server, clock)
     texts = server.texts()
     assert len(texts) == 2, texts
     assert texts[0].startswith("[CRITICAL] gpu.thermal:node-1:0 on node-1")
@@ -174,21 +192,27 @@ async def test_a_thermal_fault_makes_one_alert_and_one_resolution(server: Record
     assert all(body["blocks"] for _, body in server.got)
 
 
-async def test_fifty_nodes_failing_at_once_make_one_summary(server: Recorder) -> None:
-    alerter = Alerter(lambda e: frozenset({server.url}), FAST)
+async def test_fifty_nodes_failing_at_once_make_one_summary(
+    server: Recorder, clock: ManualClock
+) -> None:
+    alerter = Alerter(lambda e: frozenset({server.url}), FAST, clock=clock)
     for i in range(50):
         alerter.notify(thermal(f"node-{i}", 2, 95.0))
+    assert not alerter.hooks  # held for the summary window
+    clock.advance(FAST.summary_window_s)
     await until(lambda: server.got)
-    await settle(alerter, 0.3)
+    await settle(alerter, server, clock)
     assert len(server.got) == 1 and server.texts()[0].startswith("50 nodes: ")
 
 
-async def test_a_dead_endpoint_is_retried_without_blocking(server: Recorder) -> None:
+async def test_a_dead_endpoint_is_retried_without_blocking(
+    server: Recorder, clock: ManualClock
+) -> None:
     with socket.socket() as s:  # a port nobody listens on: connection refused
         s.bind(("127.0.0.1", 0))
         refused = f"http://127.0.0.1:{s.getsockname()[1]}/hook"
     retry = Retry(attempts=4, first_delay_s=0.05, max_delay_s=0.2, timeout_s=5.0)
-    alerter = Alerter(lambda e: frozenset({refused, server.url}), FAST, retry)
+    alerter = Alerter(lambda e: frozenset({refused, server.url}), FAST, retry, clock)
     server.codes = [500, 502, 503, 500]
     for i in range(100):
         alerter.notify(JobCompleted(job=f"j-{i}", message="done"))
@@ -211,7 +235,8 @@ async def test_a_client_error_is_not_retried(server: Recorder) -> None:
 
 async def test_a_url_no_client_can_use_fails_its_messages_and_only_them() -> None:
     url = "http://127.0.0.1:99999/hook"  # parses, but no socket takes that port
-    alerter = Alerter(lambda e: frozenset({url}), FAST, Retry(attempts=3, first_delay_s=0.05))
+    retry = Retry(attempts=3, first_delay_s=0.05)
+    alerter = Alerter(lambda e: frozenset({url}), FAST, retry, ManualClock())
     for job in ("j-1", "j-2"):
         alerter.notify(JobCompleted(job=job, message="done"))
     hook = alerter.hooks[url]
@@ -219,12 +244,21 @@ async def test_a_url_no_client_can_use_fails_its_messages_and_only_them() -> Non
     await alerter.close()
 
 
-async def test_the_rate_limit_is_honoured(server: Recorder) -> None:
+async def test_the_rate_limit_is_honoured(server: Recorder, clock: ManualClock) -> None:
     settings = AlertSettings(rate_per_s=10.0, burst=2)
-    alerter = Alerter(lambda e: frozenset({server.url}), settings)
+    alerter = Alerter(lambda e: frozenset({server.url}), settings, clock=clock)
     for i in range(6):
         alerter.notify(JobCompleted(job=f"j-{i}", severity=Severity.INFO, message="done"))
-    await until(lambda: len(server.got) == 6)
+    hook = alerter.hooks[server.url]
+
+    async def all_arrived() -> bool:
+        """Time passes in small steps, each once what was sent has arrived (so an
+        arrival's time is the time it was sent at)."""
+        if len(server.got) == 6 - len(hook.queue):
+            clock.advance(0.05)
+        return len(server.got) == 6
+
+    await wait_until_async(all_arrived, 30.0)
     await alerter.close()
     arrivals = [t for t, _ in server.got]
     # two at once (the burst), then one every 0.1 s
@@ -283,7 +317,7 @@ async def test_no_proxy_bypasses_it_and_nothing_else_does(
 
 
 @pytest.fixture
-def tls_server(tmp_path: Path) -> Iterator[tuple[Recorder, Path]]:
+def tls_server(tmp_path: Path, clock: ManualClock) -> Iterator[tuple[Recorder, Path]]:
     """The recorder over HTTPS with a self-signed certificate for 127.0.0.1."""
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command (apt-get install openssl)")
@@ -297,7 +331,7 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[Recorder, Path]]:
         check=True,
         capture_output=True,
     )
-    recorder = Recorder()
+    recorder = Recorder(clock)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     recorder.server.socket = context.wrap_socket(recorder.server.socket, server_side=True)

@@ -1,5 +1,5 @@
 """Election: one contract suite every compare-and-set backend passes, and the handler's
-behaviour on the in-memory fake (time is a fake clock)."""
+behaviour on the in-memory fake (time is a manual clock)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from coordinator.cas import Conflict, MemoryCasStore
 from coordinator.election import GONE_ROUNDS, Election, Role
 from coordinator.embedded_nats import NatsServer
 from coordinator.kvstore import KvCasStore, ensure_layout
+from ringmaster.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -52,17 +53,10 @@ async def test_missing_key_reads_as_none(store) -> None:  # type: ignore[no-unty
         await store.update("absent", b"x", 5)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def pair(ttl: float = 2.0) -> tuple[Election, Election, Clock, Clock]:
+def pair(ttl: float = 2.0) -> tuple[Election, Election, ManualClock, ManualClock]:
+    """Two coordinators over one store, each on a clock of its own."""
     store = MemoryCasStore()
-    ca, cb = Clock(), Clock()
+    ca, cb = ManualClock(), ManualClock()
     return Election(store, "a", ttl, ca), Election(store, "b", ttl, cb), ca, cb
 
 
@@ -78,12 +72,12 @@ async def test_standby_takes_over_only_after_ttl_of_silence() -> None:
     a, b, _, cb = pair(ttl=2.0)
     await a.step()
     await b.step()
-    cb.now = 1.9
+    cb.advance(1.9)
     assert await b.step() is Role.FOLLOWER
     await a.step()  # a renews: b must restart its count
-    cb.now = 3.5
+    cb.advance(1.6)
     assert await b.step() is Role.FOLLOWER
-    cb.now = 5.6
+    cb.advance(2.1)
     assert await b.step() is Role.LEADER
     assert b.epoch > a.epoch
 
@@ -92,7 +86,7 @@ async def test_deposed_leader_steps_down_on_its_next_renewal() -> None:
     a, b, _, cb = pair(ttl=1.0)
     await a.step()
     await b.step()
-    cb.now = 1.5
+    cb.advance(1.5)
     await b.step()
     assert b.role is Role.LEADER
     assert await a.step() is Role.FOLLOWER
@@ -107,23 +101,23 @@ async def test_a_holder_the_bus_says_is_gone_loses_its_lease_before_the_ttl() ->
         asked.append(holder)
         return gone[holder]
 
-    store, ca, cb = MemoryCasStore(), Clock(), Clock()
+    store, ca, cb = MemoryCasStore(), ManualClock(), ManualClock()
     a = Election(store, "a", 2.0, ca)
     b = Election(store, "b", 2.0, cb, holder_gone=holder_gone)
     await a.step()
     await b.step()  # sees the revision
-    cb.now = 0.2
+    cb.advance(0.2)
     assert await b.step() is Role.FOLLOWER and asked == ["a"]  # alive: nothing happens
     gone["a"] = True
-    cb.now = 0.4
+    cb.advance(0.2)
     assert await b.step() is Role.FOLLOWER  # one round is not enough: a blip
     gone["a"] = False
-    cb.now = 0.6
+    cb.advance(0.2)
     assert await b.step() is Role.FOLLOWER  # back: the count starts again
     gone["a"] = True
-    cb.now = 0.8
+    cb.advance(0.2)
     assert await b.step() is Role.FOLLOWER
-    cb.now = 1.0
+    cb.advance(0.2)
     assert await b.step() is Role.LEADER  # two rounds in a row, well before the 2 s TTL
     assert b.epoch > a.epoch
     # fencing unchanged: the holder wrongly taken for dead loses its next renewal
@@ -140,9 +134,9 @@ async def test_a_standby_takes_the_lease_once_the_bus_holds_no_connection_of_the
         lease = await ensure_layout(standby_nc.jetstream(), "test")
         held = await ensure_layout(holder_nc.jetstream(), "test")
         await presence.answer(holder_nc, "test", "a")
-        a = Election(KvCasStore(held.leader), "a", 2.0, Clock())
+        a = Election(KvCasStore(held.leader), "a", 2.0, ManualClock())
         gone = presence.prober(standby_nc, "test")
-        b = Election(KvCasStore(lease.leader), "b", 2.0, Clock(), holder_gone=gone)
+        b = Election(KvCasStore(lease.leader), "b", 2.0, ManualClock(), holder_gone=gone)
         assert await a.step() is Role.LEADER
         for _ in range(GONE_ROUNDS + 2):
             assert await b.step() is Role.FOLLOWER  # the holder answers: alive
@@ -157,12 +151,14 @@ async def test_a_record_of_our_own_is_never_taken_for_a_gone_holder() -> None:
     async def holder_gone(holder: str) -> bool:
         return True
 
-    store, clock = MemoryCasStore(), Clock()
-    await Election(store, "a", 2.0, Clock()).step()  # "a" in a previous life
+    store, clock = MemoryCasStore(), ManualClock()
+    await Election(store, "a", 2.0, ManualClock()).step()  # "a" in a previous life
     again = Election(store, "a", 2.0, clock, holder_gone=holder_gone)
-    for clock.now in (0.0, 0.2, 0.4, 0.6):
+    assert await again.step() is Role.FOLLOWER
+    for _ in range(3):
+        clock.advance(0.2)
         assert await again.step() is Role.FOLLOWER
-    clock.now = 2.1
+    clock.advance(1.5)  # 2.1 s since it first saw the record
     assert await again.step() is Role.LEADER  # its own record is waited out
 
 
@@ -176,15 +172,15 @@ async def test_leader_that_cannot_renew_steps_down_before_ttl() -> None:
             return await super().update(key, value, last)
 
     store = Broken()
-    clock = Clock()
+    clock = ManualClock()
     a = Election(store, "a", 2.0, clock)
     await a.step()
     store.fail = True
-    clock.now = 1.0
+    clock.advance(1.0)
     with pytest.raises(ConnectionError):
         await a.step()
     assert a.role is Role.LEADER
-    clock.now = 1.7
+    clock.advance(0.7)
     with pytest.raises(ConnectionError):
         await a.step()
     assert a.role is Role.FOLLOWER
@@ -193,13 +189,13 @@ async def test_leader_that_cannot_renew_steps_down_before_ttl() -> None:
 async def test_epochs_only_grow_across_terms() -> None:
     a, b, ca, cb = pair(ttl=1.0)
     seen: list[int] = []
-    leaders: list[tuple[Election, Clock]] = [(a, ca), (b, cb)]
+    leaders: list[tuple[Election, ManualClock]] = [(a, ca), (b, cb)]
     await a.step()
     seen.append(a.epoch)
     for turn in range(4):
         nxt, clock = leaders[(turn + 1) % 2]
         await nxt.step()
-        clock.now += 1.5
+        clock.advance(1.5)
         await nxt.step()
         assert nxt.role is Role.LEADER
         seen.append(nxt.epoch)

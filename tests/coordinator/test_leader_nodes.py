@@ -12,6 +12,7 @@ from coordinator.leader import Leadership
 from coordinator.registry import Registry
 from proto.conditions import Condition, ConditionKind
 from proto.node import Heartbeat
+from ringmaster.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -45,6 +46,7 @@ async def test_changes_are_written_at_once_and_unchanged_nodes_are_not() -> None
     kv = FakeKv(registry)
     leader: Any = Leadership.__new__(Leadership)
     leader.registry, leader.buckets, leader._node_written = registry, Buckets(kv), {}
+    leader.clock = ManualClock()  # still: no refresh falls due between the passes
     await leader._write_nodes()
     assert sorted(kv.puts) == sorted(f"n{i}" for i in range(20))
     kv.puts.clear()

@@ -200,7 +200,7 @@ class World:
         leader.me, leader.cluster = "c-0", "fuzz"
         leader.registry, leader.jobs, leader.publish = self.registry, self.jobs, publish
         leader.alert = lambda event: None  # attributes a real construction sets
-        leader.decisions = None
+        leader.decisions, leader.clock = None, self.jobs.clock
         self.leader = leader
         job = JobRecord(
             id="fuzz-000001",

@@ -12,6 +12,7 @@ from coordinator import cli
 from coordinator.election import Role
 from coordinator.metrics import RETENTION_S, registry_for
 from proto.job import GOODPUT_BUCKETS, JobState
+from ringmaster.clock import ManualClock
 
 
 def test_leadership_and_nodes_by_state() -> None:
@@ -86,7 +87,7 @@ def test_no_label_prometheus_gives_its_targets() -> None:
 def test_an_ended_job_is_dropped_after_the_retention() -> None:
     """A long-lived leader exports the live jobs and the recently ended, not every job it
     ever ran; a live job stays however old it is."""
-    now = [100_000.0]
+    clock = ManualClock(wall=100_000.0)
     jobs = FakeJobs(
         {
             "old-1": job("old-1", JobState.RUNNING, started_at=1.0),
@@ -94,7 +95,7 @@ def test_an_ended_job_is_dropped_after_the_retention() -> None:
             "failed-1": job("failed-1", JobState.FAILED, finished_at=99_000.0),
         }
     )
-    registry = registry_for("c-0", FakeElection(), FakeNodes(), jobs, 3600.0, lambda: now[0])
+    registry = registry_for("c-0", FakeElection(), FakeNodes(), jobs, 3600.0, clock)
 
     def shown() -> set[str]:
         f = families(registry)
@@ -104,11 +105,11 @@ def test_an_ended_job_is_dropped_after_the_retention() -> None:
         return found
 
     assert shown() == {"old-1", "failed-1"}
-    now[0] = 99_000.0 + 3600.0 - 1.0
+    clock.set_wall(99_000.0 + 3600.0 - 1.0)
     assert shown() == {"old-1", "failed-1"}
-    now[0] = 99_000.0 + 3600.0
+    clock.set_wall(99_000.0 + 3600.0)
     assert shown() == {"old-1"}
-    jobs.jobs["old-1"] = job("old-1", JobState.STOPPED, finished_at=now[0])
+    jobs.jobs["old-1"] = job("old-1", JobState.STOPPED, finished_at=clock.time())
     assert shown() == {"old-1"}  # shown for the retention after it ended
     assert RETENTION_S == 3600.0  # the documented default
 
