@@ -4,7 +4,6 @@ running the generated configuration: refusals are asserted as the server reports
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 import stat
@@ -30,6 +29,7 @@ from proto import subjects
 from proto.api import ApiReply, JobControl
 from ringmaster.auth import ENV, Refused, connect_options
 from ringmaster.bus import connect
+from ringmaster.procs import wait_until_async
 
 CLUSTER, NODES, COORDINATORS = "c1", ["node-a", "node-b"], ["coordinator-0"]
 
@@ -94,11 +94,14 @@ class Conn:
     async def refused(self, subject: str, timeout: float = 3.0) -> bool:
         """Whether the server reported a permissions violation naming ``subject``."""
         await self.nc.flush()
-        for _ in range(int(timeout / 0.05)):
-            if any("permissions violation" in e and f'"{subject}"' in e for e in self.errors):
-                return True
-            await asyncio.sleep(0.05)
-        return False
+
+        async def reported() -> bool:
+            return any("permissions violation" in e and f'"{subject}"' in e for e in self.errors)
+
+        try:
+            return await wait_until_async(reported, timeout)
+        except TimeoutError:
+            return False
 
 
 Opener = Callable[[str], Awaitable[Conn]]
@@ -232,14 +235,18 @@ async def test_a_node_joins_a_running_server_on_reload(
     with pytest.raises(Refused):  # written, not yet read by the server
         await connect(server.url, "test", str(creds))
     server.process.send_signal(signal.SIGHUP)
-    for _ in range(100):
+
+    async def admitted() -> bool:
         try:
             await (await connect(server.url, "test", str(creds))).close()
-            break
         except Refused:
-            await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("the reloaded server never admitted the new agent")
+            return False
+        return True
+
+    try:
+        await wait_until_async(admitted, 10.0)
+    except TimeoutError:
+        raise AssertionError("the reloaded server never admitted the new agent") from None
     joined = await connect_as("agent-node-c")
     await joined.nc.publish(subjects.heartbeat(CLUSTER, "node-c"), b"{}")
     await joined.nc.publish(subjects.heartbeat(CLUSTER, "node-a"), b"{}")

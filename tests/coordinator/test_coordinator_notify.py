@@ -8,12 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from coordinator.embedded_nats import NatsServer
+from ringmaster.procs import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +33,18 @@ def test_ready_watchdog_and_stopping(nats_server: NatsServer, tmp_path: Path) ->
     try:
         messages = [sock.recv(4096).decode()]
         assert messages[0].startswith("READY=1")
-        deadline = time.monotonic() + 20
-        while not any("STATUS=leader" in m for m in messages):
-            assert time.monotonic() < deadline, messages
+
+        def leads() -> bool:
+            """Whether a status line said it leads; else one more message is read."""
+            if any("STATUS=leader" in m for m in messages):
+                return True
             messages.append(sock.recv(4096).decode())
+            return False
+
+        try:
+            wait_until(leads, 20.0, interval=0.0)
+        except TimeoutError:
+            raise AssertionError(messages) from None
         assert any(m.startswith("WATCHDOG=1") for m in messages)
         proc.send_signal(signal.SIGTERM)
         while not messages[-1].startswith("STOPPING=1"):

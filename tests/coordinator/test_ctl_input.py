@@ -9,13 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from coordinator.embedded_nats import NatsServer
+from ringmaster.procs import wait_until
 
 pytestmark = pytest.mark.slow
 GOOD = """
@@ -48,15 +48,17 @@ def coordinator(nats_server: NatsServer, tmp_path: Path) -> Iterator[str]:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def running() -> bool:
         done = ctl(nats_server.url, "status", "--json", cwd=tmp_path)
-        if done.returncode == 0 and json.loads(done.stdout)["coordinators"]:
-            break
-        time.sleep(0.2)
-    yield nats_server.url
-    proc.terminate()
-    proc.wait(10)
+        return done.returncode == 0 and bool(json.loads(done.stdout)["coordinators"])
+
+    try:
+        wait_until(running, 30.0, interval=0.2)
+        yield nats_server.url
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,9 @@ has seen, says so in a ``command.refused`` event, and remembers across restarts.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from proto import subjects
 from proto.codec import decode_event, encode, reply_decoder
 from proto.commands import CommandReply, ReservePort
 from proto.events import CommandRefused
+from ringmaster.procs import wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -71,15 +71,15 @@ def agent(
 
 async def send(nc: nats.NATS, epoch: int) -> CommandReply:
     subject = subjects.command("t", "n1")
-    deadline = time.monotonic() + 20
-    while True:
+
+    async def answered() -> CommandReply | None:
         try:
             msg = await nc.request(subject, encode(ReservePort(epoch=epoch)), timeout=2)
-            return reply_decoder.decode(msg.data)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+            return None  # the agent is not serving yet
+        return reply_decoder.decode(msg.data)
+
+    return await wait_until_async(answered, 20.0, interval=0.1)
 
 
 async def test_stale_epoch_is_refused_with_an_event(agent: tuple[str, Path]) -> None:
@@ -100,10 +100,12 @@ async def test_stale_epoch_is_refused_with_an_event(agent: tuple[str, Path]) -> 
     assert not old.ok and "stale epoch 5 < 7" in old.error
     same = await send(nc, epoch=7)
     assert same.ok
-    for _ in range(50):
-        if refused:
-            break
-        await asyncio.sleep(0.1)
+
+    async def told() -> bool:
+        return bool(refused)
+
+    with contextlib.suppress(TimeoutError):  # the assertion below says what came instead
+        await wait_until_async(told, 5.0)
     assert [(e.epoch, e.current_epoch, e.command) for e in refused] == [(5, 7, "reserve_port")]
     assert (run_dir / "epoch").read_text() == "7"
     await nc.close()
