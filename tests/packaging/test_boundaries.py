@@ -9,7 +9,10 @@ them, but on the training side: they import torch and the trainer, and nothing o
 control plane (the rest of ``ringmaster`` included) imports them.
 
 Every import counts: ``import x`` and ``from x import y``, at module level or inside a
-function, absolute or relative (resolved against the importing module's package)."""
+function, absolute or relative (resolved against the importing module's package).
+
+One boundary runs inside the coordinator: its pure decision modules read no clock (the
+time is their argument), so only the I/O shell's clock object says what time it is."""
 
 from __future__ import annotations
 
@@ -115,3 +118,57 @@ def test_relative_imports_resolve_against_the_package(tmp_path: Path) -> None:
     expected = [(1, "nodeagent.sim"), (2, "nodeagent.collectors.base"), (3, "nodeagent.sim.faults")]
     assert list(imported_modules(module, tmp_path)) == expected
     assert list(imported_modules(init, tmp_path)) == expected
+
+
+# The coordinator's pure decisions take the time as an argument (``now``) from the one
+# clock the I/O shell holds (``ringmaster.clock``): none of them reads a clock itself.
+PURE = (
+    *("alerts", "exclusion", "goodput", "hang_verdict", "job_machine", "loss_verdict"),
+    *("network_culprit", "policy", "progress_policy", "reconcile", "registry"),
+)
+CLOCKS = ("time", "ringmaster.clock")
+CLOCK_CALLS = ("now", "utcnow", "today")  # datetime's and date's readings of the clock
+
+
+def clock_reads(path: Path, root: Path = ROOT) -> list[str]:
+    """Every import of a clock module in ``path``, and every call of ``now()``,
+    ``utcnow()`` or ``today()``."""
+    found = [
+        f"{path.relative_to(root)}:{line} imports {module}"
+        for line, module in imported_modules(path, root)
+        if any(module == c or module.startswith(f"{c}.") for c in CLOCKS)
+    ]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in CLOCK_CALLS:
+                found.append(f"{path.relative_to(root)}:{node.lineno} calls {name}()")
+    return found
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_the_coordinators_pure_decisions_read_no_clock(module: str) -> None:
+    assert clock_reads(ROOT / "coordinator" / f"{module}.py") == []
+
+
+def test_the_clock_check_catches_every_reading(tmp_path: Path) -> None:
+    module = tmp_path / "coordinator" / "policy.py"
+    module.parent.mkdir()
+    module.write_text(
+        "import time\n"
+        "from time import monotonic\n"
+        "from ringmaster.clock import SYSTEM\n"
+        "from datetime import UTC, datetime\n"
+        "stamp = datetime.now(UTC)\n"
+        "from proto.events import utcnow\n"
+        "later = utcnow()\n"
+        "at = datetime.fromtimestamp(0.0, UTC)\n"  # a given time, formatted: no clock
+    )
+    assert clock_reads(module, tmp_path) == [
+        "coordinator/policy.py:1 imports time",
+        "coordinator/policy.py:2 imports time",
+        "coordinator/policy.py:3 imports ringmaster.clock",
+        "coordinator/policy.py:5 calls now()",
+        "coordinator/policy.py:7 calls utcnow()",
+    ]
