@@ -60,7 +60,8 @@ then run with ``carry: [".whl"]``, timeout_s 480::
 
 Here, on CPU: ``.venv/bin/python bench/gpu.py --smoke`` (tiny preset, emulated fp8, no
 compile; the in-process sections) and ``--smoke --sections env product`` (the product path
-on the tiny preset, compiled with ``aot_eager``: a minute or two; a slow test).
+on the tiny preset, compiled with ``aot_eager``: a minute or two; the bench's own check
+before device time is spent, exit 1 naming what falls short: :mod:`bench.gpu_smoke_check`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ from bench.gpu_parts import (  # noqa: E402
     train_backing_off,
 )
 from bench.gpu_product import product  # noqa: E402
+from bench.gpu_smoke_check import product_problems  # noqa: E402
 from trainer.presets import get_preset  # noqa: E402
 
 SKIPPED = "skipped (deadline)"
@@ -215,7 +217,9 @@ def table(result: dict[str, Any]) -> str:
         value = result.get(section)
         if section == "product" and isinstance(value, dict):
             jobs = {k: v for k, v in value.items() if isinstance(v, dict) and "job" in v}
-            value |= {k: {f: v[f] for f in PRODUCT_FIELDS if f in v} for k, v in jobs.items()}
+            value = value | {
+                k: {f: v[f] for f in PRODUCT_FIELDS if f in v} for k, v in jobs.items()
+            }
         if isinstance(value, dict):
             rows += [(section, k, fmt(v)) for k, v in value.items()]
         if section in result["status"] and result["status"][section] != "ok":
@@ -322,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         save()
         print(table(result), flush=True)
     failed = [k for k, v in result["status"].items() if v != "ok"]
+    if args.smoke and "product" in args.sections:
+        for problem in product_problems(result.get("product")):
+            print(f"smoke check: {problem}", flush=True)
+            failed.append("product")
     return 1 if failed and args.smoke else 0
 
 

@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then runs the one quality gate: format, lint, types, tests.
+#   ./scripts/test.sh [PYTEST ARGS]         everything (what CI runs)
+#   ./scripts/test.sh --fast [PYTEST ARGS]  the edit loop: every test but the end-to-end,
+#                                           boot and Slurm scenarios (tests/e2e, tests/boot)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+fast=()
+if [[ ${1:-} == --fast ]]; then
+    shift
+    fast=(--ignore=tests/e2e --ignore=tests/boot)
+fi
 ./scripts/bootstrap.sh
 .venv/bin/ruff format --check .
 .venv/bin/ruff check .
@@ -9,4 +17,5 @@ cd "$(dirname "$0")/.."
 # Two workers, one per core of the machines this runs on; an idle worker steals queued
 # tests (three were no faster here: the suite is bound by the cores).
 # RINGMASTER_TEST_WORKERS=0 runs the tests in this process, one after another.
-exec .venv/bin/python -m pytest -n "${RINGMASTER_TEST_WORKERS:-2}" --dist worksteal "$@"
+exec .venv/bin/python -m pytest -n "${RINGMASTER_TEST_WORKERS:-2}" --dist worksteal \
+    "${fast[@]}" "$@"
