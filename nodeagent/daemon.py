@@ -6,8 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +37,23 @@ from proto.events import (
     NodeRegistered,
     Severity,
     SpotNotice,
-    utcnow,
 )
 from proto.node import CollectorStatus, Heartbeat, Telemetry
 from proto.progress import Progress
 from ringmaster import auth, metrics, rundir, systemd_notify
 from ringmaster.bus import connect, event_subject
+from ringmaster.clock import SYSTEM, Clock
 
 log = structlog.get_logger()
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    """``clock``: the one clock the agent's decisions read (samples' stamps, the hang
+    watch, the peer probes, the sweep, notices' deadlines); the system's in production."""
+
+    def __init__(self, config: AgentConfig, clock: Clock = SYSTEM) -> None:
         self.config = config
+        self.clock = clock
         self.node = config.node
         self.run_dir = Path(config.run_dir)
         self.addr = config.advertise_addr or detect_addr(config.nats)
@@ -59,9 +62,9 @@ class Agent:
         self.statuses: dict[str, CollectorStatus] = {}
         self.latest: dict[str, Sample] = {}  # each collector's newest sample, for /metrics
         self.beats_sent = 0
-        self.started_at = time.time()  # in every heartbeat: a new value is a restarted agent
+        self.started_at = clock.time()  # in every heartbeat: a new value is a restarted agent
         self.metrics: metrics.MetricsServer | None = None
-        self.registered: list[Registered[Any]] = build(config)
+        self.registered: list[Registered[Any]] = build(config, clock)
         self._outbox: Outbox | None = None
         self.probe_port = 0  # the peer-probe listener's, once it listens
         self.supervisor = Supervisor(
@@ -93,7 +96,8 @@ class Agent:
             pre.sigterm_notice == "shutdown" and host_shutting_down()
         )
         if announce:
-            deadline = utcnow() + timedelta(seconds=pre.sigterm_deadline_s)
+            now = datetime.fromtimestamp(self.clock.time(), UTC)
+            deadline = now + timedelta(seconds=pre.sigterm_deadline_s)
             message = f"agent got SIGTERM: node going away by {deadline:%H:%M:%S} UTC"
             self._publish(
                 SpotNotice(
@@ -183,9 +187,11 @@ class Agent:
             if isinstance(e.collector, BusAttached)
         ]
         tasks.append(asyncio.create_task(self._heartbeat_loop(nc)))
-        watch = HangWatch(self.supervisor, self.emit, self.node, interval_s=cfg.hang_check_s)
+        watch = HangWatch(
+            self.supervisor, self.emit, self.node, interval_s=cfg.hang_check_s, clock=self.clock
+        )
         tasks.append(asyncio.create_task(watch.run(), name="hangwatch"))
-        sweeper = memory_sweep.run(self.supervisor.shm, self.node, self.supervisor.jobs)
+        sweeper = memory_sweep.run(self.supervisor.shm, self.node, self.supervisor.jobs, self.clock)
         tasks.append(asyncio.create_task(sweeper, name="memory-sweep"))
         net = cfg.network
         prober = PeerProber(
@@ -195,6 +201,7 @@ class Agent:
             every_s=net.probe_every_s,
             timeout_s=net.probe_timeout_s,
             confirm=net.probe_confirm,
+            clock=self.clock,
         )
         tasks.append(asyncio.create_task(prober.run(), name="peer-probe"))
         log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)
@@ -239,8 +246,8 @@ class Agent:
     async def _sample_loop(self, entry: Registered[Any]) -> None:
         interval = entry.collector.interval_s
         while True:
-            started = time.monotonic()
-            sample, status = await run_once_async(entry)
+            started = self.clock.monotonic()
+            sample, status = await run_once_async(entry, self.clock.time())
             self.statuses[status.name] = status
             if sample is not None:
                 self.latest[status.name] = sample
@@ -252,7 +259,8 @@ class Agent:
                     if isinstance(detector, Unannounced):
                         for condition in detector.unannounced():
                             self.active.apply(condition)
-            await pause(entry.collector, max(0.0, interval - (time.monotonic() - started)))
+            took = self.clock.monotonic() - started
+            await pause(entry.collector, max(0.0, interval - took))
 
     async def _heartbeat_loop(self, nc: Client) -> None:
         seq = 0
@@ -262,7 +270,7 @@ class Agent:
             beat = Heartbeat(
                 node=self.node,
                 seq=seq,
-                sent_at=time.time(),
+                sent_at=self.clock.time(),
                 addr=self.addr,
                 hostname=socket.gethostname(),
                 gpus=self._gpus(),

@@ -5,12 +5,15 @@ per job attempt through the agent's event path.
 
 Stacks are captured once per stall: a victim waiting in a collective is signalled once,
 not at every pass. State is kept per (job, rank, pid) and dropped once the rank is gone.
+
+Every pass reads ``now`` from the clock the watch is given: how long a rank has been seen
+stopped and how long it has stalled are both measured on it. Ranks stamp their beats with
+``CLOCK_MONOTONIC``, so in production that is the system's clock.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -34,6 +37,7 @@ from nodeagent.rankprobe import ProcStat, capture_stacks, proc_stat
 from proto.events import EventBase, Severity, WorkerHung
 from proto.job import JobSpec
 from ringmaster import rankbeat
+from ringmaster.clock import SYSTEM, Clock
 from ringmaster.rankbeat import RankBeat
 from ringmaster.rundir import JobDir
 
@@ -81,11 +85,13 @@ class HangWatch:
         node: str,
         *,
         interval_s: float = 0.5,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.supervisor = supervisor
         self.emit = emit
         self.node = node
         self.interval_s = interval_s
+        self.clock = clock
         self._stopped_since: dict[_Key, float] = {}
         self._episodes: dict[_Key, tuple[tuple[int, float], Verdict, str]] = {}
         self._reported: set[tuple[str, int, int]] = set()  # (job, attempt, rank)
@@ -94,12 +100,13 @@ class HangWatch:
 
     async def run(self) -> None:
         while True:
-            started = time.monotonic()
+            started = self.clock.monotonic()
             try:
                 await self.check()
             except Exception as exc:  # one bad pass must not end the watch
                 log.warning("hang watch pass failed", error=repr(exc))
-            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+            took = self.clock.monotonic() - started
+            await asyncio.sleep(max(0.0, self.interval_s - took))
 
     async def check(self) -> list[WorkerHung]:
         """One pass over every live rank of every supervised job; the events emitted."""
@@ -130,7 +137,7 @@ class HangWatch:
                 continue
             key = (job, rank, pid)
             self._seen.add(key)
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if stat.stopped:
                 self._stopped_since.setdefault(key, now)
             else:

@@ -13,7 +13,6 @@ back after that resumes from its durable checkpoint instead.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import structlog
 
 from proto.job import MEMORY_STORE_PREFIX, memory_store_name, safe_name
 from proto.node import RANK_MEMORY_S
+from ringmaster.clock import SYSTEM, Clock
 from ringmaster.memory_store import MemoryStore
 
 log = structlog.get_logger()
@@ -76,11 +76,14 @@ def sweep(shm: Path, node: str, live_jobs: Iterable[str], now: float) -> list[St
     return dropped
 
 
-async def run(shm: Path, node: str, live_jobs: Callable[[], Iterable[str]]) -> None:
-    """Sweep every :data:`SWEEP_EVERY_S`; a failed sweep is logged and tried again."""
+async def run(
+    shm: Path, node: str, live_jobs: Callable[[], Iterable[str]], clock: Clock = SYSTEM
+) -> None:
+    """Sweep every :data:`SWEEP_EVERY_S` at ``clock``'s wall time (the stores' times are
+    the filesystem's, on the wall clock); a failed sweep is logged and tried again."""
     while True:
         try:
-            sweep(shm, node, live_jobs(), time.time())
+            sweep(shm, node, live_jobs(), clock.time())
         except OSError as exc:
             log.warning("memory snapshot sweep failed", error=str(exc))
         await asyncio.sleep(SWEEP_EVERY_S)

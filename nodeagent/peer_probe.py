@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import structlog
 from nodeagent.detectors.latch import Change, ConditionLatch
 from proto.conditions import ConditionKind, Severity
 from proto.events import EventBase, NetPeer
+from ringmaster.clock import SYSTEM, Clock
 
 log = structlog.get_logger()
 
@@ -112,7 +112,8 @@ Emit = Callable[[EventBase], Awaitable[None]]
 
 
 class PeerProber:
-    """Probes ``peers()`` (node → host:port) and emits a :class:`NetPeer` for each change."""
+    """Probes ``peers()`` (node → host:port) and emits a :class:`NetPeer` for each change;
+    a round's conditions are stamped with ``clock``'s wall time."""
 
     def __init__(
         self,
@@ -123,8 +124,9 @@ class PeerProber:
         every_s: float = 2.0,
         timeout_s: float = 1.0,
         confirm: int = 2,
+        clock: Clock = SYSTEM,
     ) -> None:
-        self.node, self.peers, self.emit = node, peers, emit
+        self.node, self.peers, self.emit, self.clock = node, peers, emit, clock
         self.every_s, self.timeout_s, self.confirm = every_s, timeout_s, confirm
         self._latches: dict[str, ConditionLatch] = {}
         self._addrs: dict[str, str] = {}
@@ -202,9 +204,10 @@ class PeerProber:
 
     async def run(self) -> None:
         while True:
-            started = time.monotonic()
+            started = self.clock.monotonic()
             try:
-                await self.probe_once(time.time())
+                await self.probe_once(self.clock.time())
             except Exception as exc:  # a probe round must never take the agent down
                 log.warning("peer probe round failed", error=repr(exc))
-            await asyncio.sleep(max(0.0, self.every_s - (time.monotonic() - started)))
+            took = self.clock.monotonic() - started
+            await asyncio.sleep(max(0.0, self.every_s - took))

@@ -3,7 +3,9 @@
 Each entry pairs a collector with the detectors that read its samples; :class:`Registered`
 is generic over the sample type, so mypy refuses a detector given samples it cannot read.
 Detectors take their settings section whole: their thresholds have one name and one
-default, in :mod:`nodeagent.config`.
+default, in :mod:`nodeagent.config`. Detectors judge time on their samples' stamps; the
+collectors that read time themselves (the clock's, preemption's, the XID watcher's) are
+given the agent's clock.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from nodeagent.detectors.pcie import GpuPcieDetector
 from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.detectors.preflight import PreflightDetector
 from nodeagent.detectors.retrans import TcpRetransDetector
+from ringmaster.clock import SYSTEM, Clock
 
 S = TypeVar("S", bound=Sample)
 
@@ -50,8 +53,8 @@ class Registered(Generic[S]):
     detectors: list[Detector[S]] = field(default_factory=list)
 
 
-def build(config: AgentConfig) -> list[Registered[Any]]:
-    entries = [preflight(config), *_nvme(config), *_gpu(config), _clock(config)]
+def build(config: AgentConfig, clock: Clock = SYSTEM) -> list[Registered[Any]]:
+    entries = [preflight(config), *_nvme(config), *_gpu(config, clock), _clock(config, clock)]
     entries += _network(config)
     pre = config.preemption
     if pre.provider != "none":
@@ -64,6 +67,7 @@ def build(config: AgentConfig) -> list[Registered[Any]]:
             azure_url=pre.azure_url,
             redetect_s=pre.redetect_s,
             gcp_deadline_s=pre.gcp_deadline_s,
+            clock=clock,
         )
         entries.append(Registered(collector, [SpotNoticeDetector(config.node)]))
     return entries
@@ -92,20 +96,23 @@ def clock_of(entries: list[Registered[Any]]) -> ClockCollector | None:
     return next((e.collector for e in entries if isinstance(e.collector, ClockCollector)), None)
 
 
-def _clock(config: AgentConfig) -> Registered[ClockSample]:
-    clock = config.clock
-    collector = ClockCollector(
-        peer=PeerClock(interval_s=clock.peer_interval_s, timeout_s=clock.peer_timeout_s),
-        interval_s=clock.interval_s,
-        use_adjtimex=clock.adjtimex,
-        chronyc=clock.chronyc,
-        chrony_interval_s=clock.chrony_interval_s,
-        skew_file=Path(clock.skew_file) if clock.skew_file else None,
-        step_command=clock.step_command,
-        step_timeout_s=clock.step_timeout_s,
-        max_offset_ms=clock.max_offset_ms,
+def _clock(config: AgentConfig, clock: Clock) -> Registered[ClockSample]:
+    settings = config.clock
+    peer = PeerClock(
+        interval_s=settings.peer_interval_s, timeout_s=settings.peer_timeout_s, clock=clock
     )
-    return Registered(collector, [ClockDriftDetector(config.node, clock)])
+    collector = ClockCollector(
+        peer=peer,
+        interval_s=settings.interval_s,
+        use_adjtimex=settings.adjtimex,
+        chronyc=settings.chronyc,
+        chrony_interval_s=settings.chrony_interval_s,
+        skew_file=Path(settings.skew_file) if settings.skew_file else None,
+        step_command=settings.step_command,
+        step_timeout_s=settings.step_timeout_s,
+        max_offset_ms=settings.max_offset_ms,
+    )
+    return Registered(collector, [ClockDriftDetector(config.node, settings)])
 
 
 def _nvme(config: AgentConfig) -> list[Registered[Any]]:
@@ -140,10 +147,10 @@ def _network(config: AgentConfig) -> list[Registered[Any]]:
     ]
 
 
-def _gpu(config: AgentConfig) -> list[Registered[Any]]:
+def _gpu(config: AgentConfig, clock: Clock) -> list[Registered[Any]]:
     node, gpu = config.node, config.gpu
     nvml = NvmlSession(gpu.nvml_library)  # one per process: both GPU collectors share it
-    health = GpuCollector(nvml, interval_s=gpu.interval_s)
+    health = GpuCollector(nvml, interval_s=gpu.interval_s, clock=clock)
     topology = GpuTopologyCollector(nvml, interval_s=gpu.topology_interval_s)
     return [
         Registered(

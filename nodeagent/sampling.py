@@ -1,5 +1,8 @@
 """Running collectors: one at a time per collector, each timed, each failing alone; and
-what heartbeats carry, folded from samples (telemetry) and from events (conditions)."""
+what heartbeats carry, folded from samples (telemetry) and from events (conditions).
+
+A sample is stamped with the ``now`` it is given (the agent's clock: detectors judge holds
+and windows on it); how long a collector took is its real duration, measured here."""
 
 from __future__ import annotations
 
@@ -42,8 +45,8 @@ def run_once(entry: Registered[S], now: float) -> tuple[S | None, CollectorStatu
     return sample, CollectorStatus(name=name, ok=True, duration_s=time.perf_counter() - start)
 
 
-async def run_once_async(entry: Registered[S]) -> tuple[S | None, CollectorStatus]:
-    return await asyncio.to_thread(run_once, entry, time.time())
+async def run_once_async(entry: Registered[S], now: float) -> tuple[S | None, CollectorStatus]:
+    return await asyncio.to_thread(run_once, entry, now)
 
 
 async def pause(collector: Collector[Sample], seconds: float) -> None:

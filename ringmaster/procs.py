@@ -6,7 +6,9 @@ Polling comes in two colours, :func:`wait_until` for blocking callers and
 its first truthy result, and raise ``TimeoutError`` once ``timeout`` seconds have passed
 (``None``: wait for ever). The predicate is always called at least once, and once more at
 the deadline, so a condition that holds by then is never reported as a timeout. Callers
-turn the ``TimeoutError`` into their own message.
+turn the ``TimeoutError`` into their own message. The deadline is read from a clock
+(``ringmaster.clock``): the system's, or for a test of the waiting itself a manual one that
+the wait's own ``sleep`` moves.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
+
+from ringmaster.clock import SYSTEM, Clock
 
 T = TypeVar("T")
 
@@ -61,26 +65,33 @@ def start_time(pid: int) -> int | None:
 
 
 class _Deadline:
-    def __init__(self, timeout: float | None) -> None:
-        self._at = None if timeout is None else time.monotonic() + timeout
+    def __init__(self, timeout: float | None, clock: Clock = SYSTEM) -> None:
+        self._clock = clock
+        self._at = None if timeout is None else clock.monotonic() + timeout
 
     def pause(self, interval: float) -> float:
         """How long to sleep before the next try; TimeoutError once the deadline passed."""
         if self._at is None:
             return interval
-        left = self._at - time.monotonic()
+        left = self._at - self._clock.monotonic()
         if left <= 0:
             raise TimeoutError
         return min(interval, left)
 
 
 def wait_until(
-    predicate: Callable[[], T | None], timeout: float | None, interval: float = 0.05
+    predicate: Callable[[], T | None],
+    timeout: float | None,
+    interval: float = 0.05,
+    *,
+    clock: Clock = SYSTEM,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Call ``predicate`` every ``interval`` s until it returns something truthy; return it."""
-    deadline = _Deadline(timeout)
+    """Call ``predicate`` every ``interval`` s until it returns something truthy; return it.
+    ``clock`` and ``sleep``: where the deadline is read, and how to wait between tries."""
+    deadline = _Deadline(timeout, clock)
     while not (result := predicate()):
-        time.sleep(deadline.pause(interval))
+        sleep(deadline.pause(interval))
     return result
 
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import structlog
 
@@ -57,12 +57,13 @@ async def service(
     ready_status: str,
     status: Callable[[], str] | None = None,
     env: Mapping[str, str] = os.environ,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncIterator[None]:
     """``READY=1`` on entry, watchdog pings (with ``STATUS=`` from ``status``) while
-    inside, ``STOPPING=1`` on the way out."""
+    inside, ``STOPPING=1`` on the way out; ``sleep`` waits between two pings."""
     notify(f"READY=1\nSTATUS={ready_status}", env)
     interval = watchdog_interval(env)
-    pinger = asyncio.create_task(_ping(interval, status, env)) if interval else None
+    pinger = asyncio.create_task(_ping(interval, status, env, sleep)) if interval else None
     try:
         yield
     finally:
@@ -73,7 +74,12 @@ async def service(
                 await pinger
 
 
-async def _ping(interval: float, status: Callable[[], str] | None, env: Mapping[str, str]) -> None:
+async def _ping(
+    interval: float,
+    status: Callable[[], str] | None,
+    env: Mapping[str, str],
+    sleep: Callable[[float], Awaitable[None]],
+) -> None:
     while True:
         notify("WATCHDOG=1" + (f"\nSTATUS={status()}" if status else ""), env)
-        await asyncio.sleep(interval)
+        await sleep(interval)

@@ -11,7 +11,9 @@ tells apart from the rank's stacks (:mod:`trainer.stacks`).
 
 The training loop reports completed steps (with their time) and phase changes; phases
 that legitimately make no step progress — start-up, checkpoints, pauses, the end — are
-named so that they are never judged as hangs.
+named so that they are never judged as hangs. Every time the beat carries is read from the
+clock it is given: a rank's is the system's, since the agent compares the beat's times
+with its own ``CLOCK_MONOTONIC``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import os
 import statistics
 import sys
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,6 +30,7 @@ from pathlib import Path
 from msgspec.structs import replace
 
 from ringmaster import rank_env, rankbeat
+from ringmaster.clock import SYSTEM, Clock
 from ringmaster.rankbeat import DONE, LOOP, STARTUP, TRAINING, Phase, RankBeat
 from ringmaster.rundir import beat_beside
 
@@ -39,12 +41,19 @@ class Beat:
     """Writes ``path`` every ``interval_s`` from a daemon thread; ``path=None`` (a rank
     started without an agent) keeps the state but writes nothing."""
 
-    def __init__(self, path: Path | None, *, interval_s: float = rankbeat.WRITE_EVERY_S) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        interval_s: float = rankbeat.WRITE_EVERY_S,
+        clock: Clock = SYSTEM,
+    ) -> None:
         self.path = path
         self.interval_s = interval_s
+        self.clock = clock
         self._lock = threading.Lock()
         self._times: deque[float] = deque(maxlen=WINDOW)
-        now = time.monotonic()
+        now = clock.monotonic()
         self._beat = RankBeat(
             pid=os.getpid(),
             phase=STARTUP,
@@ -69,7 +78,7 @@ class Beat:
 
     def step_done(self, step: int, seconds: float) -> None:
         """Step ``step`` completed in ``seconds``; the first one ends start-up."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             self._times.append(seconds)
             changes: dict[str, object] = {}
@@ -88,7 +97,7 @@ class Beat:
         with self._lock:
             left = self._beat.phase
             if phase != left:
-                self._beat = replace(self._beat, phase=phase, phase_since=time.monotonic())
+                self._beat = replace(self._beat, phase=phase, phase_since=self.clock.monotonic())
         if phase != left:
             self._wake.set()
         return left
@@ -109,7 +118,11 @@ class Beat:
         with self._lock:
             left, before = self._beat.phase, self._beat
             self._beat = replace(
-                self._beat, phase=LOOP, phase_since=time.monotonic(), name=name, bound_s=bound_s
+                self._beat,
+                phase=LOOP,
+                phase_since=self.clock.monotonic(),
+                name=name,
+                bound_s=bound_s,
             )
         self._wake.set()
         try:
@@ -119,7 +132,7 @@ class Beat:
                 self._beat = replace(
                     self._beat,
                     phase=left,
-                    phase_since=time.monotonic(),
+                    phase_since=self.clock.monotonic(),
                     name=before.name,
                     bound_s=before.bound_s,
                 )
@@ -164,7 +177,7 @@ class Beat:
     def _write(self) -> None:
         assert self.path is not None
         with self._lock:
-            beat = replace(self._beat, updated=time.monotonic(), wall=time.time())
+            beat = replace(self._beat, updated=self.clock.monotonic(), wall=self.clock.time())
         try:
             rankbeat.write(self.path, beat)
         except OSError as exc:  # a full or vanished disk must not end training

@@ -23,7 +23,9 @@ checkpoints and reports the checkpoint. A separate process group keeps these col
 from interleaving with the training loop's. One persist at a time: the next snapshot
 waits for the previous persist (it reuses its buffers), and that wait counts as stall.
 A memory snapshot is the same pipeline without the durable copy; a durable checkpoint of
-a step already in memory only copies it.
+a step already in memory only copies it. Stalls and the background's time are read from
+the checkpointer's clock: they are reported, and the memory tier plans its cadence on
+them.
 
 Resume (:mod:`trainer.coordination`): every rank checks the files it needs in each
 candidate (``latest`` first, then older) against the manifest, and the ranks agree
@@ -48,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from proto.job import shm_staging_name
+from ringmaster.clock import SYSTEM, Clock
 from trainer import durable, thread_cpu
 from trainer.coordination import Coordination, Figures
 from trainer.host_buffers import HostBuffers as HostBuffers  # re-exported for the benches
@@ -95,8 +98,10 @@ class Checkpointer:
         on_durable: OnDurable | None = None,
         persist_delay_s: float = 0.0,
         persist_gate: Path | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.root = root
+        self.clock = clock
         self.coord = coord
         self.keep = keep
         self.engine = engine
@@ -128,20 +133,20 @@ class Checkpointer:
         snapshot). Saving the step already staged just waits for it to be durable and
         reports it again (an on-demand checkpoint right after a periodic one); a step
         already in the memory tier is copied from there."""
-        start = time.monotonic()
+        start = self.clock.monotonic()
         self.wait()
         if step == self.last_step:
-            stall = time.monotonic() - start
+            stall = self.clock.monotonic() - start
             if self.durable_step == step:
                 self._announce(step, stall)
             return stall
         self.last_step = step
         if self.memory is not None and step == self.memory_last and self._own is not None:
-            stall = time.monotonic() - start
+            stall = self.clock.monotonic() - start
             self._start(step, Figures(dict(self._own[1]), stall), {}, durable=True)
             return stall
         objects = self._stage(step, stage)
-        stall = time.monotonic() - start
+        stall = self.clock.monotonic() - start
         self.last_stall_s, self.last_in_memory = stall, sorted(objects)
         self._start(step, Figures(None, stall), objects, durable=True)
         return stall
@@ -165,9 +170,9 @@ class Checkpointer:
             self.forget_memory()
             self.memory = None
             return {"off": short}
-        begin = time.monotonic()
+        begin = self.clock.monotonic()
         objects = self._stage(step, stage)
-        stall = waited + time.monotonic() - begin
+        stall = waited + self.clock.monotonic() - begin
         change = tier.plan(step, figures)
         self.memory_last = step
         self.memory_snapshots += 1
@@ -184,9 +189,9 @@ class Checkpointer:
     def settle(self) -> float:
         """Wait for the persist in flight; the seconds waited when it was a memory
         snapshot's (the memory tier's own cost; waiting for a durable one is not)."""
-        start = time.monotonic()
+        start = self.clock.monotonic()
         self.wait()
-        return time.monotonic() - start if self._memory_only_in_flight else 0.0
+        return self.clock.monotonic() - start if self._memory_only_in_flight else 0.0
 
     def forget_memory_together(self) -> None:
         """Every rank at once: wait for the persist in flight, agree that every rank has
@@ -262,7 +267,7 @@ class Checkpointer:
     def _persist(
         self, step: int, figures: Figures, objects: dict[str, Any], durable_too: bool
     ) -> None:
-        began, cpu = time.monotonic(), self._cpu_s()
+        began, cpu = self.clock.monotonic(), self._cpu_s()
         step_dir = self.root / durable.step_dir_name(step)
         entries = figures.entries
         if not durable_too and self.memory is not None and self.memory.cadence.contended:
@@ -299,7 +304,7 @@ class Checkpointer:
                 print(f"trainer: memory seal of step {step} failed: {exc}", file=sys.stderr)
             if not durable_too:
                 self.memory_figures = gathered
-                self._background_s = time.monotonic() - began
+                self._background_s = self.clock.monotonic() - began
                 self._background_cpu_s = self._cpu_s() - cpu
         if not durable_too:
             return

@@ -13,6 +13,9 @@ process, so its answer is reused for ``chrony_interval_s``.
 A simulated node's clock cannot be moved, so ``skew_file`` holds an extra offset in ms that
 is added to every reading (and, with no other source, is the offset itself); the
 simulator's ``clock-offset`` fault writes it and its resync command removes it.
+
+The node's time is read from the clock the peer measurement is given (``peer.clock``):
+the wall time measured against the coordinator's, and how long chrony's answer is reused.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import asyncio
 import ctypes
 import math
 import subprocess
-import time
 from pathlib import Path
 
 import msgspec
@@ -195,11 +197,11 @@ class ClockCollector:
             return 0.0
 
     def local_time(self) -> float:
-        return time.time() + self.skew_ms() / 1000
+        return self.peer.clock.time() + self.skew_ms() / 1000
 
     def collect(self, now: float) -> ClockSample:
         kernel = read_adjtimex() if self._adjtimex else None
-        chrony = self._read_chrony(time.monotonic())
+        chrony = self._read_chrony(self.peer.clock.monotonic())
         tracking = chrony if isinstance(chrony, ChronyTracking) else None
         latest = self.peer.latest()
         peer = msgspec.convert(latest, PeerOffset) if latest is not None else None
@@ -291,4 +293,4 @@ class ClockCollector:
 
     def _fresh_sample(self) -> ClockSample:
         self._chrony = None
-        return self.collect(time.time())
+        return self.collect(self.peer.clock.time())

@@ -6,13 +6,14 @@ receive and send times ``t2`` and ``t3``; the reply arrives at ``t4``. The agent
 asymmetry, the true offset lies within half the round trip ``(t4 - t1) - (t3 - t2)`` of it.
 Of a burst of probes the one with the shortest round trip wins: its bound is the tightest.
 
-The responder is :mod:`ringmaster.clock_responder`; coordinators run it.
+The responder is :mod:`ringmaster.clock_responder`; coordinators run it. The agent's side
+reads ``clock``: its wall time is what is measured (the clock collector makes it the
+node's skewed one on a simulated node), its monotonic time how old a measurement is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from nats.errors import Error as NatsError
 from proto import subjects
 from proto.codec import encode
 from proto.node import ClockProbe, ClockReply
+from ringmaster.clock import SYSTEM, Clock
 
 log = structlog.get_logger()
 _reply = msgspec.json.Decoder(ClockReply)
@@ -31,12 +33,18 @@ _reply = msgspec.json.Decoder(ClockReply)
 
 class PeerClock:
     def __init__(
-        self, *, interval_s: float = 10.0, timeout_s: float = 1.0, probes: int = 4
+        self,
+        *,
+        interval_s: float = 10.0,
+        timeout_s: float = 1.0,
+        probes: int = 4,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.probes = probes
-        self.local_clock: Callable[[], float] = time.time
+        self.clock = clock
+        self.local_clock: Callable[[], float] = clock.time
         self._target: tuple[Client, str] | None = None
         self._latest: tuple[float, float, float] | None = None  # (monotonic, offset, rtt) s
 
@@ -49,7 +57,7 @@ class PeerClock:
         if self._latest is None:
             return None
         at, offset, rtt = self._latest
-        age = time.monotonic() - at
+        age = self.clock.monotonic() - at
         if age > 3 * self.interval_s:
             return None
         return {
@@ -87,4 +95,4 @@ class PeerClock:
             if best is None or rtt < best[0]:
                 best = (rtt, ((t1 - reply.t2) + (t4 - reply.t3)) / 2)
         if best is not None:
-            self._latest = (time.monotonic(), best[1], best[0])
+            self._latest = (self.clock.monotonic(), best[1], best[0])

@@ -13,6 +13,7 @@ import pynvml
 
 from nodeagent.collectors.base import Sample
 from nodeagent.collectors.nvml import Handle, NvmlSession, XidWatcher, optional, text
+from ringmaster.clock import SYSTEM, Clock
 
 # nvmlClocksEventReason* bits, named as nvidia-smi -q names them.
 CLOCK_REASONS = {
@@ -78,10 +79,12 @@ class GpuHealthSample(Sample, kw_only=True):
 class GpuCollector:
     name = "gpu"
 
-    def __init__(self, session: NvmlSession, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, session: NvmlSession, interval_s: float = 1.0, clock: Clock = SYSTEM
+    ) -> None:
         self.interval_s = interval_s
         self._nvml = session
-        self._xids = XidWatcher()
+        self._xids = XidWatcher(clock=clock)  # an XID is stamped when the watcher sees it
         self._static: dict[int, GpuIdentity] = {}
 
     def fileno(self) -> int:

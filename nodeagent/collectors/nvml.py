@@ -7,8 +7,9 @@ file instead: it is opened first by its path, and because its soname is
 how a simulated node's agent gets the stub library without a special environment.
 
 XID errors arrive through an NVML event set. Waiting on it blocks in the driver, so one
-thread waits (with a timeout, so it can stop) and queues what it receives; a byte on a pipe
-tells the sampling loop to collect now instead of at the next interval.
+thread waits (with a timeout, so it can stop) and queues what it receives, stamped with
+the agent's clock; a byte on a pipe tells the sampling loop to collect now instead of at
+the next interval.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import contextlib
 import ctypes
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from nodeagent.collectors.base import CollectorUnavailable
+from ringmaster.clock import SYSTEM, Clock
 
 T = TypeVar("T")
 Handle = Any  # pynvml's c_nvmlDevice_t
@@ -93,8 +94,9 @@ class NvmlSession:
 class XidWatcher:
     """Queues ``(gpu, xid, time)`` for every XID critical error NVML reports."""
 
-    def __init__(self, wait_ms: int = 500, limit: int = 1024) -> None:
+    def __init__(self, wait_ms: int = 500, limit: int = 1024, clock: Clock = SYSTEM) -> None:
         self.wait_ms = wait_ms
+        self.clock = clock
         self.error = ""
         self._queue: deque[tuple[int, int, float]] = deque(maxlen=limit)
         self._read, self._write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -142,7 +144,7 @@ class XidWatcher:
                     continue
                 if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                     gpu = by_address.get(address(data.device), -1)
-                    self._queue.append((gpu, int(data.eventData), time.time()))
+                    self._queue.append((gpu, int(data.eventData), self.clock.time()))
                     with contextlib.suppress(BlockingIOError):  # already woken
                         os.write(self._write, b"x")
         finally:

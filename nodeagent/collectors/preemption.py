@@ -8,13 +8,13 @@ instance endpoint); off any cloud detection fails quickly and is retried only ev
 ``redetect_s``, the collector reporting itself unavailable meanwhile.
 
 A metadata service that errors makes the collection fail (the daemon records it), not a
-notice.
+notice. A deadline the provider does not give is counted from the sample's ``now``; the
+waits (re-detection, the IMDSv2 token's life) run on the collector's clock.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
@@ -24,6 +24,7 @@ from urllib.parse import SplitResult, urlsplit
 import msgspec
 
 from nodeagent.collectors.base import CollectorUnavailable, Sample
+from ringmaster.clock import SYSTEM, Clock
 
 AWS_TOKEN_TTL_S = 21600
 PROVIDERS = ("aws", "gcp", "azure")
@@ -58,8 +59,10 @@ class PreemptionCollector:
         azure_url: str = "http://169.254.169.254",
         redetect_s: float = 300.0,
         gcp_deadline_s: float = 30.0,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.interval_s = interval_s
+        self._clock = clock
         self._wanted = provider
         self._timeout = timeout_s
         self._urls = {"aws": aws_url.rstrip("/"), "gcp": gcp_url.rstrip("/")}
@@ -75,7 +78,14 @@ class PreemptionCollector:
 
     def collect(self, now: float) -> PreemptionSample:
         provider = self._provider or self._detect()
-        notice = {"aws": self._aws, "gcp": self._gcp, "azure": self._azure}[provider]()
+        at = datetime.fromtimestamp(now, UTC)
+        match provider:
+            case "aws":
+                notice = self._aws()  # AWS says when
+            case "gcp":
+                notice = self._gcp(at)
+            case _:
+                notice = self._azure(at)
         return PreemptionSample(time=now, provider=provider, notice=notice)
 
     # -- plumbing ----------------------------------------------------------------------
@@ -137,7 +147,7 @@ class PreemptionCollector:
             conn.close()
 
     def _detect(self) -> str:
-        mono = time.monotonic()
+        mono = self._clock.monotonic()
         if self._failed_at is not None and mono - self._failed_at < self._redetect_s:
             raise CollectorUnavailable("no cloud metadata service (tried aws, gcp, azure)")
         for provider, probe in (
@@ -157,13 +167,13 @@ class PreemptionCollector:
     # -- AWS ---------------------------------------------------------------------------
 
     def _aws_token(self) -> str:
-        if self._token is not None and time.monotonic() < self._token[1]:
+        if self._token is not None and self._clock.monotonic() < self._token[1]:
             return self._token[0]
         headers = {"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)}
         status, body = self._request(f"{self._urls['aws']}/latest/api/token", headers, "PUT")
         if status != 200 or not body:
             raise MetadataError(f"IMDSv2 token: HTTP {status}")
-        self._token = (body.strip(), time.monotonic() + AWS_TOKEN_TTL_S - 60)
+        self._token = (body.strip(), self._clock.monotonic() + AWS_TOKEN_TTL_S - 60)
         return self._token[0]
 
     def _aws(self) -> Notice | None:
@@ -192,7 +202,7 @@ class PreemptionCollector:
         if status != 200 or headers.get("Metadata-Flavor") != "Google":
             raise MetadataError("not GCP's metadata server")
 
-    def _gcp(self) -> Notice | None:
+    def _gcp(self, now: datetime) -> Notice | None:
         url = f"{self._urls['gcp']}/computeMetadata/v1/instance/preempted"
         status, body = self._request(url, {"Metadata-Flavor": "Google"})
         if status != 200:
@@ -201,7 +211,7 @@ class PreemptionCollector:
             self._gcp_since = None
             return None
         # GCP gives no deadline: preemption comes about 30 s after the flag turns TRUE.
-        self._gcp_since = self._gcp_since or datetime.now(UTC)
+        self._gcp_since = self._gcp_since or now
         deadline = self._gcp_since + timedelta(seconds=self._gcp_deadline_s)
         return Notice(action="terminate", deadline=deadline, detail="instance/preempted is TRUE")
 
@@ -213,7 +223,7 @@ class PreemptionCollector:
         if status != 200:
             raise MetadataError(f"Azure instance metadata: HTTP {status}")
 
-    def _azure(self) -> Notice | None:
+    def _azure(self, now: datetime) -> Notice | None:
         base, headers = self._urls["azure"], {"Metadata": "true"}
         if self._azure_name is None:
             url = f"{base}/metadata/instance/compute/name?api-version=2021-02-01&format=text"
@@ -224,17 +234,17 @@ class PreemptionCollector:
         if status != 200:
             raise MetadataError(f"scheduledevents: HTTP {status}")
         try:
-            return self._azure_notice(json.loads(body)["Events"])
+            return self._azure_notice(json.loads(body)["Events"], now)
         except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
             raise MetadataError(f"scheduledevents: unreadable {body[:120]!r}") from None
 
-    def _azure_notice(self, events: list[Any]) -> Notice | None:
+    def _azure_notice(self, events: list[Any], now: datetime) -> Notice | None:
         for event in events:
             resources = event.get("Resources") or []
             mine = not resources or not self._azure_name or self._azure_name in resources
             if event.get("EventType") == "Preempt" and mine:
                 not_before = str(event.get("NotBefore") or "")
-                deadline = parsedate_to_datetime(not_before) if not_before else datetime.now(UTC)
+                deadline = parsedate_to_datetime(not_before) if not_before else now
                 return Notice(
                     action="preempt",
                     deadline=deadline.astimezone(UTC),

@@ -11,7 +11,8 @@ preemption notices go, for simulated nodes and tests.
 
 ``providers`` limits which of the three answer (the others 404), so detection can be tested;
 ``failing`` makes every answer that HTTP status; ``idle_timeout`` closes kept-alive
-connections left idle that long, as real services do.
+connections left idle that long, as real services do. A notice's deadline is counted from
+``clock``'s wall time, so a test can give the agent's collector the same clock.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from ringmaster.clock import SYSTEM, Clock
+
 PROVIDERS = ("aws", "gcp", "azure")
 VM_NAME = "ringmaster-sim"
 
@@ -34,8 +37,10 @@ class MetadataServer:
         providers: tuple[str, ...] = PROVIDERS,
         host: str = "127.0.0.1",
         idle_timeout: float | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.providers = providers
+        self.clock = clock
         self.failing: int | None = None
         self.notice: tuple[str, datetime] | None = None  # (action, deadline)
         self.tokens: set[str] = set()
@@ -60,7 +65,8 @@ class MetadataServer:
         self._server.server_close()
 
     def preempt(self, in_s: float, action: str = "terminate") -> None:
-        deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=round(in_s))
+        now = datetime.fromtimestamp(self.clock.time(), UTC).replace(microsecond=0)
+        deadline = now + timedelta(seconds=round(in_s))
         self.notice = (action, deadline)
 
     def withdraw(self) -> None:

@@ -24,6 +24,7 @@ from proto.events import ClockResynced, CommandRefused, EventBase
 from proto.faults import FORMS, Fault, parse_fault
 from proto.job import JobSection, JobSpec
 from proto.progress import Progress, StepDone
+from tests.waits import until_async
 
 COMMAND_TYPES = tuple(Command.__args__)
 TAGS = tuple(str(t.__struct_config__.tag) for t in COMMAND_TYPES)
@@ -136,10 +137,13 @@ def test_control_channel_lines(lines: list[bytes]) -> None:
                 writer.write(line[:60_000].replace(b"\n", b" ") + b"\n")
             writer.write(encode(StepDone(job="sentinel", step=9)) + b"\n")
             await writer.drain()
-            for _ in range(200):
-                if any(m.job == "sentinel" for m in got):
-                    break
-                await asyncio.sleep(0.005)
+            await until_async(
+                lambda: any(m.job == "sentinel" for m in got),
+                10,
+                "the good line after garbage",
+                lambda: got,
+                interval=0.005,
+            )
             await channel.send("pause")
             word = await asyncio.wait_for(reader.readline(), 2)
             assert b'"pause"' in word, word
@@ -211,18 +215,19 @@ def test_control_channel_survives_an_overlong_line() -> None:
         channel = ControlChannel(path, on_progress)
         await channel.start()
         try:
-            _, writer = await asyncio.open_unix_connection(str(path))
+            reader, writer = await asyncio.open_unix_connection(str(path))
             writer.write(b"x" * 200_000 + b"\n")
             await writer.drain()
-            await asyncio.sleep(0.1)
+            try:  # the channel drops this connection (reset: it left bytes unread)
+                said = await asyncio.wait_for(reader.read(), 10)
+            except ConnectionResetError:
+                said = b""
+            assert said == b"", said
             writer.close()
             _, writer = await asyncio.open_unix_connection(str(path))
             writer.write(encode(StepDone(job="after", step=1)) + b"\n")
             await writer.drain()
-            for _ in range(200):
-                if got:
-                    break
-                await asyncio.sleep(0.005)
+            await until_async(lambda: got, 10, "rank 0's next line", interval=0.005)
             writer.close()
         finally:
             await channel.close()

@@ -4,7 +4,6 @@ heartbeats."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -12,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -26,6 +24,7 @@ from nats.js.api import StreamConfig
 
 from proto import subjects
 from proto.node import Heartbeat
+from tests.waits import until_async
 
 REPO = Path(__file__).resolve().parents[2]
 Match = Callable[[dict[str, Any]], bool]
@@ -44,7 +43,6 @@ class Tap:
         self.cluster = cluster
         self.events: list[dict[str, Any]] = []
         self.beats: list[Heartbeat] = []
-        self._news = asyncio.Event()
 
     @classmethod
     async def open(cls, url: str, cluster: str) -> Tap:
@@ -63,34 +61,42 @@ class Tap:
 
     async def _on_event(self, msg: Msg) -> None:
         self.events.append(json.loads(msg.data))
-        self._news.set()
 
     async def _on_beat(self, msg: Msg) -> None:
         self.beats.append(msgspec.json.decode(msg.data, type=Heartbeat))
-        self._news.set()
 
     async def wait(self, *matches: Match, since: int = 0, timeout: float = 15.0) -> None:
         """Until every match has an event from index ``since`` on."""
-        deadline = time.monotonic() + timeout
-        while not all(any(m(e) for e in self.events[since:]) for m in matches):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = [i for i, m in enumerate(matches) if not any(map(m, self.events[since:]))]
-                raise AssertionError(f"no event for matches {missing}; got {self.events[since:]}")
-            self._news.clear()
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._news.wait(), left)
+
+        def missing() -> list[int]:
+            return [i for i, m in enumerate(matches) if not any(map(m, self.events[since:]))]
+
+        await until_async(
+            lambda: not missing(),
+            timeout,
+            "an event for every match",
+            lambda: f"none for matches {missing()}; got {self.events[since:]}",
+        )
 
     async def beat(self, check: Callable[[Heartbeat], bool], timeout: float = 10.0) -> Heartbeat:
-        deadline = time.monotonic() + timeout
+        """The first heartbeat from now on that passes ``check``."""
         seen = len(self.beats)
-        while time.monotonic() < deadline:
-            for beat in self.beats[seen:]:
-                if check(beat):
-                    return beat
-            seen = len(self.beats)
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"no matching heartbeat; last: {self.beats[-1:]}")
+        return await until_async(
+            lambda: next((b for b in self.beats[seen:] if check(b)), None),
+            timeout,
+            "a matching heartbeat",
+            lambda: self.beats[-1:],
+        )
+
+    async def beats_after(self, count: int, timeout: float = 30.0) -> None:
+        """Until ``count`` more heartbeats came: that much of the agent's own time passed."""
+        seen = len(self.beats)
+        await until_async(
+            lambda: len(self.beats) >= seen + count,
+            timeout,
+            f"{count} more heartbeats",
+            lambda: len(self.beats) - seen,
+        )
 
     def count(self, match: Match, since: int = 0) -> int:
         return sum(1 for e in self.events[since:] if match(e))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from gpu_stub import GpuNode
 
 from nodeagent.sim import nvml_stub
 from nodeagent.sim.nvml_state import hgx
+from tests.waits import until
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 REPO = FIXTURES.parent.parent
@@ -96,14 +96,15 @@ def nats_url(tmp_path: Path) -> Iterator[str]:
 
 def _client_url(server: subprocess.Popen[bytes], ports_file: Path) -> str:
     """The client URL from the ports file, once the server has written all of it."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    def url() -> str | None:
         try:
             return str(json.loads(ports_file.read_text())["nats"][0])
         except (FileNotFoundError, json.JSONDecodeError):
             assert server.poll() is None, "nats-server exited at start"
-            assert time.monotonic() < deadline, "nats-server wrote no ports file"
-            time.sleep(0.02)
+            return None
+
+    return until(url, 10, "nats-server's ports file", lambda: ports_file.exists())
 
 
 # -- the stub NVML library ------------------------------------------------------------

@@ -4,6 +4,9 @@ one JSON answer a line on stdout:
 
     {"collect": "gpu" | "gpu_topology"}  →  {"ok": true, "values": sample} | {"ok": false, "error"}
     {"wait": seconds}                    →  {"readable": bool}: the XID wake-up fd turned readable
+
+The collectors read a manual clock that stands at ``ringmaster.clock.EPOCH``: samples and
+XIDs are stamped with it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import json
 import select
 import sys
-import time
 
 import msgspec
 
@@ -19,11 +21,16 @@ from nodeagent.collectors.base import CollectorUnavailable
 from nodeagent.collectors.gpu import GpuCollector
 from nodeagent.collectors.gpu_topology import GpuTopologyCollector
 from nodeagent.collectors.nvml import NvmlSession
+from ringmaster.clock import ManualClock
 
 
 def main() -> None:
     session = NvmlSession(sys.argv[1] if len(sys.argv) > 1 else None)
-    collectors = {"gpu": GpuCollector(session), "gpu_topology": GpuTopologyCollector(session)}
+    clock = ManualClock()
+    collectors = {
+        "gpu": GpuCollector(session, clock=clock),
+        "gpu_topology": GpuTopologyCollector(session),
+    }
     for line in sys.stdin:
         command = json.loads(line)
         answer: dict[str, object]
@@ -32,7 +39,7 @@ def main() -> None:
             answer = {"readable": bool(ready)}
         else:
             try:
-                sample = collectors[command["collect"]].collect(time.time())
+                sample = collectors[command["collect"]].collect(clock.time())
                 answer = {"ok": True, "values": msgspec.to_builtins(sample)}
             except CollectorUnavailable as exc:
                 answer = {"ok": False, "error": str(exc)}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import struct
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,11 @@ from nodeagent.detectors.clock import ClockDriftDetector
 from nodeagent.sim.node import SimulatedNode
 from proto.conditions import ConditionKind, Severity, condition_key
 from proto.events import ClockDrift
+from ringmaster.clock import ManualClock
 from ringmaster.clock_responder import serve
+from ringmaster.procs import wait_until_async
+
+LEG_S = 0.005  # each way of a probe's trip, on the manual clock both sides read
 
 # chronyc -c tracking on a synchronised EC2 node and on one whose chronyd lost its sources.
 CHRONY = Path(__file__).resolve().parent.parent / "fixtures" / "chrony"
@@ -85,12 +88,18 @@ def test_chrony_tracking_lines() -> None:
 
 
 def test_chrony_is_the_source_and_is_read_at_its_own_pace(tmp_path: Path) -> None:
-    clock = collector(chronyc=fake_chronyc(tmp_path, SYNCED))
+    manual = ManualClock()
+    chronyc = fake_chronyc(tmp_path, SYNCED)
+    clock = collector(chronyc=chronyc, chrony_interval_s=16.0, peer=PeerClock(clock=manual))
     first = clock.collect(0.0)
     assert (first.source, first.synced) == ("chrony", True)
     assert first.offset_ms == pytest.approx(0.812345)
+    manual.advance(15.9)
     clock.collect(1.0)
     assert (tmp_path / "calls").read_text() == "-c tracking\n", "reused for chrony_interval_s"
+    manual.advance(0.1)
+    clock.collect(2.0)
+    assert (tmp_path / "calls").read_text() == "-c tracking\n" * 2, "read again after it"
 
 
 def test_chronyd_down_or_unsynchronised(tmp_path: Path) -> None:
@@ -117,19 +126,40 @@ def test_skew_file_of_a_simulated_node(tmp_path: Path) -> None:
 
 
 async def probe(url: str, server_skew_s: float, local_skew_file: Path | None) -> ClockSample:
-    """An agent's PeerClock against a responder whose clock is ``server_skew_s`` ahead."""
+    """An agent's PeerClock against a responder whose clock is ``server_skew_s`` ahead; both
+    read one manual clock, which a probe moves by :data:`LEG_S` on its way to the
+    responder and again on its way back."""
+    clock = ManualClock()
+    readings = 0
+
+    def responder_clock() -> float:
+        nonlocal readings
+        readings += 1
+        if readings % 2:  # t2: the probe arrived
+            clock.advance(LEG_S)
+            return clock.time() + server_skew_s
+        t3 = clock.time() + server_skew_s  # the reply leaves, and takes as long
+        clock.advance(LEG_S)
+        return t3
+
     responder, agent = await nats.connect(url), await nats.connect(url)
     try:
-        await serve(responder, "c1", clock=lambda: time.time() + server_skew_s)
+        await serve(responder, "c1", clock=responder_clock)
         await responder.flush()
-        clock = collector(peer=PeerClock(interval_s=60.0), skew_file=local_skew_file)
-        task = asyncio.create_task(clock.attach(agent, "c1"))
-        for _ in range(100):
-            if clock.peer.latest() is not None:
-                break
-            await asyncio.sleep(0.02)
-        task.cancel()
-        return clock.collect(time.time())
+        peer = PeerClock(interval_s=60.0, clock=clock)
+        collecting = collector(peer=peer, skew_file=local_skew_file)
+        task = asyncio.create_task(collecting.attach(agent, "c1"))
+
+        async def measured() -> bool:
+            return peer.latest() is not None
+
+        try:
+            await wait_until_async(measured, timeout=10)
+        except TimeoutError:
+            raise AssertionError(f"no offset measured; {readings} responder readings") from None
+        finally:
+            task.cancel()
+        return collecting.collect(clock.time())
     finally:
         await responder.close()
         await agent.close()
@@ -138,14 +168,14 @@ async def probe(url: str, server_skew_s: float, local_skew_file: Path | None) ->
 def test_offset_to_the_coordinator_over_nats(nats_url: str, tmp_path: Path) -> None:
     behind = asyncio.run(probe(nats_url, 0.250, None))
     assert behind.source == "peer" and behind.peer is not None and behind.bound_ms is not None
-    assert behind.offset_ms == pytest.approx(-250.0, abs=behind.bound_ms + 1.0)
-    assert 0 <= behind.bound_ms < 20
+    assert behind.offset_ms == pytest.approx(-250.0)
+    assert behind.bound_ms == pytest.approx(LEG_S * 1000)  # half the round trip
     assert behind.peer.rtt_ms == pytest.approx(2 * behind.bound_ms, abs=0.01)
     skew = tmp_path / "skew_ms"
     skew.write_text("40\n")
     ahead = asyncio.run(probe(nats_url, 0.0, skew))
-    assert ahead.bound_ms is not None
-    assert ahead.offset_ms == pytest.approx(40.0, abs=ahead.bound_ms + 1.0)
+    assert ahead.bound_ms == pytest.approx(LEG_S * 1000)
+    assert ahead.offset_ms == pytest.approx(40.0)
 
 
 def test_no_responder_means_no_peer_offset(nats_url: str) -> None:
@@ -153,7 +183,12 @@ def test_no_responder_means_no_peer_offset(nats_url: str) -> None:
         nc = await nats.connect(nats_url)
         peer = PeerClock(timeout_s=0.2, probes=2)
         task = asyncio.create_task(peer.run(nc, "nobody"))
-        await asyncio.sleep(0.3)
+
+        async def attached() -> bool:
+            return peer.attached
+
+        await wait_until_async(attached, timeout=10)
+        await peer.measure()  # a whole burst of probes, none answered
         task.cancel()
         await nc.close()
         return peer

@@ -1,8 +1,14 @@
 """Hang judgment without I/O: every branch of ``nodeagent.hangwatch.judge`` and the node
-fallback, with beats, process states and faulthandler dumps written by hand."""
+fallback, with beats, process states and faulthandler dumps written by hand; and the
+watch's own passes on a manual clock."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,12 +26,15 @@ from nodeagent.hangwatch import (
     main_frames,
 )
 from nodeagent.hangwatch_loop import HangWatch
+from nodeagent.rankprobe import STOPPED, proc_stat
 from nodeagent.supervisor import Supervisor
 from proto.events import EventBase
 from proto.job import PolicySection
 from proto.progress import Progress
+from ringmaster.clock import ManualClock
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING, RankBeat
 from ringmaster.rundir import JobDir
+from tests.waits import until
 
 MAIN = 0x7F0000001000
 OTHER = 0x7F0000002000
@@ -252,3 +261,70 @@ async def test_a_stopped_ranks_dump_without_its_main_thread_is_asked_for_again(
     stacks = await watch._stacks(proc, tmp_path / "log", tmp_path / "fifo", beat(0.0, since_step=9))
     assert asked == [True, True]
     assert stacks.startswith(f"Thread 0x{MAIN:x}") and "trainer/loop.py" in stacks
+
+
+@dataclass
+class _Run:
+    attempt: int
+    procs: dict[int, subprocess.Popen[bytes]]
+
+
+@dataclass
+class _Supervised:
+    run_dir: Path
+    runs: dict[str, _Run]
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.anyio
+async def test_the_watch_measures_a_stop_on_its_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sleeper: subprocess.Popen[bytes]
+) -> None:
+    """A real process, stopped and continued; the watch's passes read a manual clock. The
+    rank is the culprit once it has been seen stopped, without a break, for the threshold
+    (3 s with no spec): a continue in between starts the count again."""
+
+    async def no_stacks(pid: int, log_path: Path, fifo: Path, *, stopped: bool) -> str:
+        return ""
+
+    monkeypatch.setattr("nodeagent.hangwatch_loop.capture_stacks", no_stacks)
+    events: list[EventBase] = []
+
+    async def emit(event: EventBase) -> None:
+        events.append(event)
+
+    def state() -> str:
+        stat = proc_stat(rank.pid)
+        return stat.state if stat is not None else ""
+
+    def signalled(sig: signal.Signals, stopped: bool) -> None:
+        os.kill(rank.pid, sig)
+        until(lambda: (state() in STOPPED) == stopped, 10, f"the rank after {sig.name}", state)
+
+    clock = ManualClock()
+    rank = sleeper
+    watch = HangWatch(_Supervised(tmp_path, {"j1": _Run(1, {0: rank})}), emit, "n", clock=clock)
+    signalled(signal.SIGSTOP, stopped=True)
+    assert await watch.check() == []  # seen stopped from now on
+    clock.advance(2.9)
+    assert await watch.check() == []
+    signalled(signal.SIGCONT, stopped=False)
+    assert await watch.check() == []
+    signalled(signal.SIGSTOP, stopped=True)
+    assert await watch.check() == []  # seen stopped again: from here
+    clock.advance(2.9)
+    assert await watch.check() == []
+    clock.advance(0.1)
+    [event] = await watch.check()
+    assert (event.rank, event.pid, event.stalled_s, event.threshold_s) == (0, rank.pid, 3.0, 3.0)
+    assert event.evidence == "process stopped (state T) for 3.0 s"
+    assert events == [event]

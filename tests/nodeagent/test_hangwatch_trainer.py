@@ -1,6 +1,7 @@
 """The hang watch against two real trainer ranks (``python -m trainer.worker`` over gloo,
 launched by the real supervisor): one is stopped mid-training; the watch names it, with
-its stacks, and the peer it holds in a collective is a victim, not reported."""
+its stacks, and the peer it holds in a collective is a victim, not reported. The ranks'
+timing is real: every wait is for what can be seen, bounded."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import asyncio
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from nodeagent.hangwatch import FALLBACK_FACTOR
 from nodeagent.hangwatch_loop import HangWatch
 from nodeagent.rankprobe import proc_stat
 from nodeagent.supervisor import Supervisor
@@ -24,6 +25,7 @@ from proto.progress import Progress
 from ringmaster import rankbeat
 from ringmaster.memory_store import remove_job_ram
 from ringmaster.rundir import JobDir
+from tests.waits import until_async
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -86,20 +88,40 @@ async def test_a_stopped_trainer_rank_is_named_and_its_peer_is_a_victim(tmp_path
     try:
         pids = await supervisor.launch(cmd)
         task = asyncio.create_task(watch.run())
-        deadline = time.monotonic() + 90
-        while not all(
-            (b := rankbeat.read(jobdir.rank_beat(r))) is not None and b.step >= 20 for r in (0, 1)
-        ):
-            assert time.monotonic() < deadline, jobdir.rank_log(0).read_text()[-2000:]
-            await asyncio.sleep(0.05)
+
+        def beat(rank: int) -> rankbeat.RankBeat | None:
+            return rankbeat.read(jobdir.rank_beat(rank))
+
+        await until_async(
+            lambda: all((b := beat(r)) is not None and b.step >= 20 for r in (0, 1)),
+            90,
+            "step 20 on both ranks",
+            lambda: jobdir.rank_log(0).read_text()[-2000:],
+        )
         os.kill(pids[1], signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        while not any(isinstance(e, WorkerHung) for e in events):
-            assert time.monotonic() - stopped_at < 15, events
-            await asyncio.sleep(0.01)
-        latency = time.monotonic() - stopped_at
-        print(f"stopped trainer rank reported {latency:.2f} s after SIGSTOP")
-        await asyncio.sleep(4.0)  # twice the threshold and more: still one event
+        await until_async(  # reported within 15 s of SIGSTOP
+            lambda: any(isinstance(e, WorkerHung) for e in events),
+            15,
+            "worker.hung",
+            lambda: events,
+        )
+
+        def peer_stalled_s() -> float | None:  # on the watch's clock, as the watch judges
+            peer = beat(0)
+            if peer is None or peer.step_at is None:
+                return None
+            return watch.clock.monotonic() - max(peer.step_at, peer.phase_since)
+
+        # twice the threshold and more: still one event
+        await until_async(
+            lambda: (s := peer_stalled_s()) is not None and s > FALLBACK_FACTOR * 3.0,
+            30,
+            "the peer stalled for twice the threshold",
+            peer_stalled_s,
+        )
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert await watch.check() == [], "one last pass reports nothing more"
         hung = [e for e in events if isinstance(e, WorkerHung)]
         assert len(hung) == 1
         (event,) = hung
@@ -109,12 +131,20 @@ async def test_a_stopped_trainer_rank_is_named_and_its_peer_is_a_victim(tmp_path
         assert "trainer/loop.py" in event.stacks
         state = proc_stat(pids[1])
         assert state is not None and state.state in ("T", "t")
+
         # the peer was asked for its stacks (once it too stalled past its threshold) and
         # found waiting in a collective
-        asked_by = time.monotonic() + 15
-        while "(most recent call first)" not in (peer_log := jobdir.rank_log(0).read_text()):
-            assert time.monotonic() < asked_by, peer_log[-2000:]
-            await asyncio.sleep(0.1)
+        def peer_stacks() -> str | None:
+            log = jobdir.rank_log(0).read_text()
+            return log if "(most recent call first)" in log else None
+
+        peer_log = await until_async(
+            peer_stacks,
+            15,
+            "the peer's stacks in its log",
+            lambda: jobdir.rank_log(0).read_text()[-2000:],
+            interval=0.1,
+        )
         assert "torch/distributed/" in peer_log or "torch/autograd/" in peer_log
     finally:
         if task is not None:

@@ -1,5 +1,6 @@
 """PreemptionCollector against local HTTP servers playing AWS, GCP and Azure metadata, and
-SpotNoticeDetector."""
+SpotNoticeDetector. The service and the collector share a manual clock: a notice's time
+left is exact."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 
 from nodeagent.collectors.base import CollectorUnavailable
 from nodeagent.collectors.preemption import (
+    AWS_TOKEN_TTL_S,
     MetadataError,
     Notice,
     PreemptionCollector,
@@ -25,13 +27,16 @@ from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.sim.metadata import MetadataServer
 from proto.conditions import ConditionKind, condition_key
 from proto.events import SpotNotice
+from ringmaster.clock import EPOCH, ManualClock
 from ringmaster.procs import wait_until
+
+NOW = datetime.fromtimestamp(EPOCH, UTC)  # a manual clock's wall time until it is moved
 
 
 @pytest.fixture
 def metadata(request: pytest.FixtureRequest) -> Iterator[MetadataServer]:
     providers = getattr(request, "param", ("aws", "gcp", "azure"))
-    server = MetadataServer(providers).start()
+    server = MetadataServer(providers, clock=ManualClock()).start()
     try:
         yield server
     finally:
@@ -40,11 +45,13 @@ def metadata(request: pytest.FixtureRequest) -> Iterator[MetadataServer]:
 
 def collector(server: MetadataServer, provider: str = "auto") -> PreemptionCollector:
     url = server.url
-    return PreemptionCollector(provider=provider, aws_url=url, gcp_url=url, azure_url=url)
+    return PreemptionCollector(
+        provider=provider, aws_url=url, gcp_url=url, azure_url=url, clock=server.clock
+    )
 
 
-def notice_of(c: PreemptionCollector) -> Notice | None:
-    return c.collect(0.0).notice
+def notice_of(c: PreemptionCollector, now: float = EPOCH) -> Notice | None:
+    return c.collect(now).notice
 
 
 def test_aws_imdsv2_token_then_instance_action(metadata: MetadataServer) -> None:
@@ -54,7 +61,7 @@ def test_aws_imdsv2_token_then_instance_action(metadata: MetadataServer) -> None
     notice = notice_of(aws)
     assert notice is not None
     assert notice.deadline.tzinfo is not None
-    assert 115 < (notice.deadline - datetime.now(UTC)).total_seconds() <= 121
+    assert notice.deadline == NOW + timedelta(seconds=120)
     assert notice.action == "terminate" and notice.detail == "spot instance-action"
     puts = [r for r in metadata.requests if r.startswith("PUT")]
     assert puts == ["PUT /latest/api/token"], "one token, reused"
@@ -63,6 +70,20 @@ def test_aws_imdsv2_token_then_instance_action(metadata: MetadataServer) -> None
     assert [r for r in metadata.requests if r.startswith("PUT")] == ["PUT /latest/api/token"] * 2
     metadata.withdraw()
     assert notice_of(aws) is None
+
+
+@pytest.mark.parametrize("metadata", [("aws",)], indirect=True)
+def test_the_imdsv2_token_is_renewed_before_it_expires(metadata: MetadataServer) -> None:
+    clock = metadata.clock
+    assert isinstance(clock, ManualClock)
+    aws = collector(metadata, "aws")
+    aws.collect(EPOCH)
+    clock.advance(AWS_TOKEN_TTL_S - 61)
+    aws.collect(clock.time())
+    assert [r for r in metadata.requests if r.startswith("PUT")] == ["PUT /latest/api/token"]
+    clock.advance(1)  # a minute before it expires: another
+    aws.collect(clock.time())
+    assert [r for r in metadata.requests if r.startswith("PUT")] == ["PUT /latest/api/token"] * 2
 
 
 @pytest.mark.parametrize("key", ["action", "instance-action"])
@@ -103,11 +124,15 @@ def test_gcp_preempted_flag_with_a_deadline_from_first_sight(metadata: MetadataS
     gcp = collector(metadata)
     assert gcp.collect(0.0) == PreemptionSample(time=0.0, provider="gcp", notice=None)
     metadata.preempt(30)
-    first, second = notice_of(gcp), notice_of(gcp)
+    first, second = notice_of(gcp), notice_of(gcp, EPOCH + 2)
     assert first is not None and first == second, "the deadline is fixed at first sight"
-    left = (first.deadline - datetime.now(UTC)).total_seconds()
-    assert 28 < left <= 30
+    assert first.deadline == NOW + timedelta(seconds=30)  # GCP's own: the setting's
     assert first.detail == "instance/preempted is TRUE"
+    metadata.withdraw()
+    assert notice_of(gcp, EPOCH + 4) is None
+    metadata.preempt(30)
+    again = notice_of(gcp, EPOCH + 6)
+    assert again is not None and again.deadline == NOW + timedelta(seconds=36), "seen anew"
 
 
 @pytest.mark.parametrize("metadata", [("azure",)], indirect=True)
@@ -118,8 +143,7 @@ def test_azure_scheduled_preempt_event(metadata: MetadataServer) -> None:
     notice = notice_of(azure)
     assert notice is not None and notice.action == "preempt"
     assert notice.detail == "602d9444-d2cd-49c7-8624-8643e7171297"
-    left = (notice.deadline - datetime.now(UTC)).total_seconds()
-    assert 40 < left <= 46
+    assert notice.deadline == NOW + timedelta(seconds=45)
 
 
 def test_no_metadata_service_is_unavailable_and_not_retried_at_once() -> None:
@@ -128,6 +152,23 @@ def test_no_metadata_service_is_unavailable_and_not_retried_at_once() -> None:
     for _ in range(2):
         with pytest.raises(CollectorUnavailable, match="no cloud metadata service"):
             lonely.collect(0.0)
+
+
+@pytest.mark.parametrize("metadata", [()], indirect=True)  # a service, but no cloud's
+def test_detection_is_tried_again_after_redetect_s(metadata: MetadataServer) -> None:
+    clock = metadata.clock
+    assert isinstance(clock, ManualClock)
+    url = metadata.url
+    lonely = PreemptionCollector(
+        aws_url=url, gcp_url=url, azure_url=url, redetect_s=60, clock=clock
+    )
+    tried = []
+    for advance in (0, 59, 1):
+        clock.advance(advance)
+        with pytest.raises(CollectorUnavailable, match="no cloud metadata service"):
+            lonely.collect(clock.time())
+        tried.append(len(metadata.requests))
+    assert tried == [3, 3, 6], "each provider probed, then not again until redetect_s"
 
 
 @pytest.mark.parametrize("metadata", [("aws",)], indirect=True)
@@ -183,7 +224,7 @@ def test_connections_are_kept_alive_and_renewed(monkeypatch: pytest.MonkeyPatch)
 
 def test_spot_notice_once_per_notice() -> None:
     detector = SpotNoticeDetector("node-2")
-    deadline = (datetime.now(UTC) + timedelta(seconds=90)).replace(microsecond=0)
+    deadline = NOW + timedelta(seconds=90)
     notice = Notice(action="terminate", deadline=deadline, detail="x")
 
     def seen(t: float, present: bool) -> list[SpotNotice]:
@@ -209,7 +250,7 @@ def test_a_notice_is_a_condition_that_closes_with_no_event() -> None:
     """The contract has no kind for a withdrawn notice: the closed condition is handed to
     the agent's active set directly, and the heartbeat carries the change."""
     detector = SpotNoticeDetector("node-2")
-    notice = Notice(action="terminate", deadline=datetime.now(UTC), detail="x")
+    notice = Notice(action="terminate", deadline=NOW, detail="x")
     opened = detector.observe(PreemptionSample(time=1.0, provider="gcp", notice=notice))
     assert detector.unannounced() == []
     condition = opened[0].condition

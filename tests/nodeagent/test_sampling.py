@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
+import selectors
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import pytest
 
 from nodeagent.collectors.base import CollectorUnavailable, Sample
 from nodeagent.collectors.clock import ClockSample
@@ -17,10 +21,53 @@ from nodeagent.config import NvmeSettings
 from nodeagent.detectors.nvme import NvmeLatencyDetector
 from nodeagent.detectors.preemption import SpotNoticeDetector
 from nodeagent.registry import Registered
-from nodeagent.sampling import ActiveConditions, close_all, pause, run_once, summarize
+from nodeagent.sampling import (
+    WAKE_GAP_S,
+    ActiveConditions,
+    close_all,
+    pause,
+    run_once,
+    summarize,
+)
 from proto.conditions import Condition, ConditionKind, condition_key
 from proto.events import GpuXid, NvmeLatencySpike
 from proto.node import GpuSample, Telemetry
+from ringmaster.clock import EPOCH, ManualClock
+
+T = TypeVar("T")
+
+
+class _Jumping(selectors.DefaultSelector):
+    """Polls the file descriptors for real; when none is ready and the loop would wait for
+    its next timer, moves ``clock`` to that timer instead of waiting."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        ready = super().select(0)
+        if ready or timeout == 0:
+            return ready
+        if timeout is None:  # no timer: only a file descriptor can wake the loop
+            return super().select(None)
+        self.clock.advance(timeout)
+        return []
+
+
+def on_virtual_time(work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on an event loop whose clock is a manual one that jumps to the next
+    timer whenever everything waits: sleeps and timeouts take no real time, and a duration
+    read from ``loop.time()`` is exactly what the loop waited."""
+    clock = ManualClock()
+
+    def virtual() -> asyncio.AbstractEventLoop:
+        loop = asyncio.SelectorEventLoop(_Jumping(clock))
+        loop.time = clock.monotonic  # type: ignore[method-assign]
+        return loop
+
+    with asyncio.Runner(loop_factory=virtual) as runner:
+        return runner.run(work)
 
 
 class FakeSample(Sample, kw_only=True):
@@ -68,18 +115,21 @@ def test_pause_ends_early_when_the_source_has_news() -> None:
     try:
 
         async def timed(collector: Fake, seconds: float, poke: bool) -> float:
-            start = time.monotonic()
+            loop = asyncio.get_running_loop()
+            start = loop.time()
             if poke:
-                asyncio.get_running_loop().call_later(0.05, os.write, write_fd, b"x")
+                loop.call_later(0.05, os.write, write_fd, b"x")
             await pause(collector, seconds)
-            return time.monotonic() - start
+            return loop.time() - start
 
         woken = WakeableFake(read_fd=read_fd)
-        assert asyncio.run(timed(woken, 5.0, poke=True)) < 0.5
+        news = 0.05 + WAKE_GAP_S  # woken at the poke, then the gap that stops a spin
+        assert on_virtual_time(timed(woken, 5.0, poke=True)) == pytest.approx(news)
         os.read(read_fd, 16)
-        assert 0.2 <= asyncio.run(timed(woken, 0.2, poke=False)) < 0.5
-        assert 0.1 <= asyncio.run(timed(WakeableFake(), 0.1, poke=False)) < 0.4, "no fd yet"
-        assert 0.1 <= asyncio.run(timed(Fake(), 0.1, poke=False)) < 0.4
+        assert on_virtual_time(timed(woken, 0.2, poke=False)) == pytest.approx(0.2)
+        no_fd = on_virtual_time(timed(WakeableFake(), 0.1, poke=False))
+        assert no_fd == pytest.approx(0.1), "no fd yet"
+        assert on_virtual_time(timed(Fake(), 0.1, poke=False)) == pytest.approx(0.1)
     finally:
         os.close(read_fd)
         os.close(write_fd)
@@ -121,7 +171,7 @@ def test_the_active_set_follows_what_detectors_open_and_close() -> None:
             active.observe(event)
 
     latency(0, 500)
-    notice = Notice(action="terminate", deadline=datetime.now(UTC), detail="")
+    notice = Notice(action="terminate", deadline=datetime.fromtimestamp(EPOCH, UTC), detail="")
     for event in spot.observe(PreemptionSample(time=1, provider="aws", notice=notice)):
         active.observe(event)
     active.observe(GpuXid(gpu=0, xid=79))  # a one-shot event: no condition

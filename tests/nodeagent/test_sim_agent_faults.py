@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import nats
 import pytest
 from agent_harness import Tap, agent, kind
@@ -148,7 +147,8 @@ async def test_every_fault_once_and_its_recovery(
             await tap.wait(*RECOVERED, since=clean)
             # a withdrawn spot notice closes its condition without an event
             await tap.beat(lambda b: not b.conditions)
-            await anyio.sleep(1.5)  # anything flapping would show now
+            # six beats are 1.5 s of the agent's own time: anything flapping would show
+            await tap.beats_after(6)
             resynced = next(e for e in tap.events[clean:] if RECOVERED[6](e))
             assert resynced["offset_before_ms"] == pytest.approx(50.0, abs=5.0)
             assert abs(resynced["offset_after_ms"]) < 5.0

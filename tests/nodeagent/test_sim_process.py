@@ -20,6 +20,7 @@ from nodeagent.collectors.base import Roots
 from nodeagent.collectors.nvme import NvmeLatencyCollector
 from proto import subjects
 from proto.api import InjectFault, InjectReply
+from tests.waits import until
 
 CLUSTER = "simtest"
 NODES = ["node-0", "node-1"]
@@ -41,11 +42,12 @@ def sim(tmp_path: Path, nats_url: str) -> Iterator[Sim]:
     with log.open("wb") as stderr:
         proc = subprocess.Popen(argv, stderr=stderr)
     try:
-        deadline = time.monotonic() + 20
-        while not all((root / n / ".ready").exists() for n in NODES):
+
+        def ready() -> bool:
             assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "simulator never became ready"
-            time.sleep(0.05)
+            return all((root / n / ".ready").exists() for n in NODES)
+
+        until(ready, 20, "the simulator's nodes ready", lambda: sorted(root.glob("*/.ready")))
         yield Sim(root, proc, pidfile, log)
     finally:
         if proc.poll() is None:

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,8 @@ from nodeagent.registry import build
 from proto.conditions import ConditionKind, Severity
 from proto.events import NetRetrans
 from proto.net_faults import NetemFault
+from ringmaster.clock import ManualClock
+from ringmaster.procs import wait_until
 
 HEADER = (
     "Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails "
@@ -192,16 +193,20 @@ def _in(namespace: str, script: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
 
 
-def _watch(d: TcpRetransDetector, pid: int, seconds: float) -> list[NetRetrans]:
-    """Samples the namespace of ``pid`` every 0.25 s until an event or ``seconds``."""
+def _watch(d: TcpRetransDetector, clock: ManualClock, pid: int, seconds: float) -> list[NetRetrans]:
+    """Samples the namespace of ``pid`` every 0.25 s (of real time, and of ``clock``'s,
+    which the samples are stamped with) until an event, or ``seconds`` have passed."""
     collector = TcpCollector(Roots(procfs=Path(f"/proc/{pid}")), 0.25)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        events = [e for e in d.observe(collector.collect(time.time())) if isinstance(e, NetRetrans)]
-        if events:
-            return events
-        time.sleep(0.25)
-    return []
+
+    def events() -> list[NetRetrans]:
+        clock.advance(0.25)
+        sample = collector.collect(clock.time())
+        return [e for e in d.observe(sample) if isinstance(e, NetRetrans)]
+
+    try:
+        return wait_until(events, seconds, interval=0.25)
+    except TimeoutError:
+        return []
 
 
 @pytest.mark.timeout(180)
@@ -225,8 +230,8 @@ def test_loss_injected_on_a_nodes_data_link_opens_net_retrans_there(
         port = sink.stdout.readline().strip()
         source = _in(a.namespace, SOURCE, b.data_addr, port, "150")
         settings = {"retrans_window_s": 2.0, "retrans_min_segs": 200}
-        watch = detector(**settings)
-        lossy = _watch(watch, source.pid, 45)
+        watch, clock = detector(**settings), ManualClock()
+        lossy = _watch(watch, clock, source.pid, 45)
         assert [e.recovered for e in lossy] == [False], "no net.retrans on the lossy node"
         assert lossy[0].ratio >= 0.01, lossy[0].message
 
@@ -234,7 +239,7 @@ def test_loss_injected_on_a_nodes_data_link_opens_net_retrans_there(
         assert any(part.endswith("on data0") for part in undone), undone
         # segments lost before the clear are still sent again after it (backed off), so
         # the condition closes once a whole window is clean, with the stream still going
-        [closed] = _watch(watch, source.pid, 60)
+        [closed] = _watch(watch, clock, source.pid, 60)
         assert closed.recovered and "under again" in closed.message, closed.message
         source.kill()
         source.wait()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from ringmaster.clock import ManualClock
 from ringmaster.procs import pid_alive, read_pid, start_time, wait_until, wait_until_async
 
 
@@ -41,16 +41,18 @@ def test_wait_until_returns_the_first_truthy_result() -> None:
 
 
 def test_wait_until_times_out_after_one_last_try_at_the_deadline() -> None:
+    clock = ManualClock()
+    start = clock.monotonic()
     calls: list[float] = []
 
     def never() -> bool:
-        calls.append(time.monotonic())
+        calls.append(clock.monotonic() - start)
         return False
 
-    start = time.monotonic()
     with pytest.raises(TimeoutError):
-        wait_until(never, timeout=0.2, interval=0.05)
-    assert calls[-1] - start >= 0.2 and len(calls) >= 2  # first try, last try
+        wait_until(never, timeout=0.2, interval=0.08, clock=clock, sleep=clock.advance)
+    # every interval, then a last try at the deadline however short the wait to it
+    assert calls == pytest.approx([0.0, 0.08, 0.16, 0.2])
 
 
 def test_wait_until_tries_once_even_with_no_time_left() -> None:

@@ -186,7 +186,7 @@ async def test_a_spare_that_cannot_start_is_not_restarted_in_a_loop(
     monkeypatch.setenv("SPARE_DIES", "1")
     pool.resize(1)
     await until(lambda: starts(tmp_path) == 1 and not pool.spares and not pool._starting)
-    await asyncio.sleep(0.5)
+    await until(lambda: not pool._tasks)  # nothing left to do: no restart is on its way
     assert starts(tmp_path) == 1
     assert await take(pool, launch_line(tmp_path)) is None  # cold; and one more try
     await until(lambda: starts(tmp_path) == 2 and not pool.spares and not pool._starting)

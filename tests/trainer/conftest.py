@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from proto.job import JobSpec
 from ringmaster.memory_store import remove_job_ram
 from tests.trainer.zygote import Forked, Zygote
+from tests.waits import until
 from trainer.log import read
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +60,15 @@ class Ranks:
         self.logs = logs
 
     def wait(self, timeout: float = 90.0) -> list[int]:
-        deadline = time.monotonic() + timeout
-        return [p.wait(max(0.1, deadline - time.monotonic())) for p in self.procs]
+        """Every rank's exit status, once all have ended within ``timeout``."""
+        until(
+            lambda: all(p.poll() is not None for p in self.procs),
+            timeout,
+            "every rank's end",
+            lambda: {rank: p.poll() for rank, p in enumerate(self.procs)},
+            interval=0.05,
+        )
+        return [p.wait() for p in self.procs]
 
     def signal(self, signum: int) -> None:
         for p in self.procs:
@@ -77,12 +84,16 @@ class Ranks:
 
     def wait_for_event(self, rank: int, event: str, timeout: float = 30.0) -> dict[str, str]:
         """The first ``event`` line of ``rank``'s log, waiting up to ``timeout`` for it."""
-        deadline = time.monotonic() + timeout
-        while not (found := self.events(rank, event)):
-            if time.monotonic() > deadline or self.procs[rank].poll() is not None:
-                raise AssertionError(f"rank {rank} logged no {event}:\n{self.log(rank)}")
-            time.sleep(0.05)
-        return found[0]
+
+        def found() -> dict[str, str] | None:
+            ended = self.procs[rank].poll() is not None  # before reading: its last words
+            lines = self.events(rank, event)
+            if lines:
+                return lines[0]
+            assert not ended, f"rank {rank} ended, and logged no {event}:\n{self.log(rank)}"
+            return None
+
+        return until(found, timeout, f"rank {rank}'s {event}", lambda: self.log(rank), 0.05)
 
 
 class Launcher:

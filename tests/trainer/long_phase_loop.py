@@ -6,7 +6,6 @@ as a loop whose framework writes the durable checkpoints (it writes none here)."
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -15,6 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ringmaster import rank
+from ringmaster.procs import wait_until
 
 
 def main() -> None:
@@ -36,8 +36,7 @@ def main() -> None:
             break
         if step in phases:
             with rank.phase("eval"):
-                while not (release / f"eval-{step}").exists():
-                    time.sleep(0.05)
+                wait_until((release / f"eval-{step}").exists, None)  # the test's word
     rank.finish()
     del model, optimizer
     dist.destroy_process_group()

@@ -5,7 +5,6 @@ stacks on ``STACKS_SIGNAL`` without dying."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -17,32 +16,44 @@ import torch.distributed as dist
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from ringmaster import rankbeat
+from ringmaster.clock import EPOCH, ManualClock
 from ringmaster.procs import wait_until
-from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING
+from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING, Phase
 from ringmaster.rundir import STACKS_SIGNAL
 from tests.trainer.conftest import Launcher
+from tests.waits import until
 from trainer.beat import Beat
 from trainer.fake_agent import FakeAgent
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+def written(path: Path, phase: Phase, timeout: float = 10.0) -> None:
+    """Until the beat at ``path`` says ``phase``."""
+    until(
+        lambda: (b := rankbeat.read(path)) is not None and b.phase == phase,
+        timeout,
+        f"a beat in phase {phase}",
+        lambda: rankbeat.read(path),
+    )
 
 
 def test_a_beat_says_who_where_and_since_when(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.beat"
-    before = time.monotonic()
-    beat = Beat(path, interval_s=0.05).start()
+    clock = ManualClock()
+    started = clock.monotonic()
+    beat = Beat(path, interval_s=0.05, clock=clock).start()
     try:
         first = rankbeat.read(path)
         assert first is not None
         assert (first.phase, first.step, first.step_at) == (STARTUP, 0, None)
         assert first.main_thread == threading.main_thread().ident
-        assert first.phase_since >= before
-        wait_for(lambda: (b := rankbeat.read(path)) is not None and b.updated > first.updated)
+        assert (first.phase_since, first.updated, first.wall) == (started, started, EPOCH)
+        clock.advance(1.0)
+        until(  # rewritten by the thread, every interval
+            lambda: (b := rankbeat.read(path)) is not None and b.updated == started + 1.0,
+            10,
+            "a beat written after the clock moved",
+            lambda: rankbeat.read(path),
+        )
     finally:
         beat.stop()
     last = rankbeat.read(path)
@@ -79,10 +90,10 @@ def test_phase_changes_are_written_at_once_and_undone_after_a_block(tmp_path: Pa
     try:
         beat.step_done(1, 0.1)
         with beat.during(CHECKPOINT):
-            wait_for(lambda: (b := rankbeat.read(path)) is not None and b.phase == CHECKPOINT)
-        wait_for(lambda: (b := rankbeat.read(path)) is not None and b.phase == TRAINING)
+            written(path, CHECKPOINT)
+        written(path, TRAINING)
         assert beat.set_phase(PAUSED) == TRAINING
-        wait_for(lambda: (b := rankbeat.read(path)) is not None and b.phase == PAUSED)
+        written(path, PAUSED)
     finally:
         beat.stop()
 
@@ -124,7 +135,9 @@ def test_garbage_reads_as_no_beat(tmp_path: Path) -> None:
     assert rankbeat.read(path) is None
 
 
-def test_the_beat_goes_on_while_the_main_thread_waits_in_a_collective(tmp_path: Path) -> None:
+def test_the_beat_goes_on_while_the_main_thread_waits_in_a_collective(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Rank 1 of a real gloo group never joins the all-reduce: rank 0's main thread waits
     in it, and the beat thread keeps writing meanwhile."""
     store = dist.HashStore()
@@ -139,28 +152,21 @@ def test_the_beat_goes_on_while_the_main_thread_waits_in_a_collective(tmp_path: 
     for t in joiners:
         t.join()
     path = tmp_path / "b"
-    seen: set[float] = set()
-    stop = threading.Event()
+    writes: list[rankbeat.RankBeat] = []
+    write = rankbeat.write
 
-    def watch() -> None:
-        while not stop.is_set():
-            if (b := rankbeat.read(path)) is not None:
-                seen.add(b.updated)
-            time.sleep(0.02)
+    def counted(path: Path, beat: rankbeat.RankBeat) -> None:
+        writes.append(beat)
+        write(path, beat)
 
+    monkeypatch.setattr(rankbeat, "write", counted)
     beat = Beat(path, interval_s=0.1).start()
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    started = time.monotonic()
-    with pytest.raises(RuntimeError):
+    before = len(writes)
+    with pytest.raises(RuntimeError, match="Timed out"):  # gloo's 1.5 s: it waited them
         groups[0].allreduce([torch.ones(4)]).wait()
-    ended = time.monotonic()
-    stop.set()
-    watcher.join()
+    during = len(writes) - before
     beat.stop()
-    during = [u for u in seen if started < u < ended]
-    assert ended - started > 1.0
-    assert len(during) >= 5, f"{len(during)} beats in {ended - started:.1f} s"
+    assert during >= 5, f"{during} beats while the main thread waited in the collective"
 
 
 @pytest.mark.slow
@@ -173,7 +179,12 @@ def test_a_trainer_rank_beats_and_dumps_its_stacks_on_sigusr1(
     )
     ranks = launch(spec, world_size=1)
     path = launch.workdir / "rank-0.beat"  # beside the spec the launcher wrote
-    wait_for(lambda: (b := rankbeat.read(path)) is not None and b.step >= 2, timeout=90)
+    until(
+        lambda: (b := rankbeat.read(path)) is not None and b.step >= 2,
+        90,
+        "step 2 in the rank's beat",
+        lambda: ranks.log(0)[-3000:],
+    )
     training = rankbeat.read(path)
     assert training is not None and training.phase == TRAINING, ranks.log(0)[-3000:]
     assert training.pid == ranks.procs[0].pid and training.step_s > 0
@@ -205,10 +216,17 @@ def test_a_paused_rank_says_so_and_a_checkpoint_while_paused_leaves_it_paused(
         agent.wait_for(StepDone, lambda m: m.step >= 2)
         agent.send("pause")
         agent.wait_for(Paused)
-        wait_for(lambda: phase() == PAUSED)
+        written(path, PAUSED)
         agent.send("checkpoint")
         agent.wait_for(Checkpointed)
-        time.sleep(0.6)  # a beat or more after the checkpoint
+        done = rankbeat.read(path)
+        assert done is not None
+        until(  # a beat or more after the checkpoint
+            lambda: (b := rankbeat.read(path)) is not None and b.updated > done.updated,
+            10,
+            "a beat written after the checkpoint",
+            lambda: rankbeat.read(path),
+        )
         assert phase() == PAUSED
         agent.send("resume")
         agent.wait_for(Resumed)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import io
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from nodeagent.hangwatch import main_frames, threads
+from tests.waits import until
 from trainer import stacks
 
 
@@ -51,9 +51,13 @@ def test_a_byte_on_the_fifo_is_answered_with_a_dump(tmp_path: Path) -> None:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         os.write(fd, b"s")
         os.close(fd)
-        deadline = time.monotonic() + 10
-        while "(most recent call first)" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until(
+            lambda: "(most recent call first)" in log.read_text(),
+            10,
+            "the dump in the log",
+            log.read_text,
+            interval=0.01,
+        )
     dump = log.read_text()
     assert "test_a_byte_on_the_fifo_is_answered_with_a_dump" in dump
     assert " in _answer\n" not in dump  # the answering thread leaves itself out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from ringmaster.clock import SYSTEM, Clock, ManualClock
 from trainer import durable
 from trainer.checkpoint import Checkpointer, HostBuffers, Stage, Written
 from trainer.coordination import Coordination, find_resumable, load_file
@@ -25,7 +25,9 @@ def resumes_from(root: Path) -> str | None:
     return found[1].name if found else None
 
 
-def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, Path, float]]]:
+def make(
+    tmp_path: Path, keep: int = 3, clock: Clock = SYSTEM
+) -> tuple[Checkpointer, list[tuple[int, Path, float]]]:
     reported: list[tuple[int, Path, float]] = []
     ckpt = Checkpointer(
         tmp_path / "ckpt",
@@ -35,6 +37,7 @@ def make(tmp_path: Path, keep: int = 3) -> tuple[Checkpointer, list[tuple[int, P
         engine="ddp",
         job="t-0a1b2c",
         on_durable=lambda step, path, stall: reported.append((step, path, stall)),
+        clock=clock,
     )
     return ckpt, reported
 
@@ -60,14 +63,24 @@ def staged_file(step: int) -> Stage:
     return stage
 
 
+def taking(clock: ManualClock, seconds: float, stage: Stage) -> Stage:
+    """``stage``, taking ``seconds`` of ``clock``'s time."""
+
+    def slow(directory: Path, target: Path) -> dict[str, Any]:
+        clock.advance(seconds)
+        return stage(directory, target)
+
+    return slow
+
+
 def test_save_seals_manifest_moves_latest_and_prunes(tmp_path: Path) -> None:
-    ckpt, reported = make(tmp_path, keep=2)
+    clock = ManualClock()
+    ckpt, reported = make(tmp_path, keep=2, clock=clock)
     stalls = []
     for step in (10, 20, 30):
-        start = time.monotonic()
-        stalls.append(ckpt.save(step, state(step)))
-        # the seconds the caller was blocked: part of the call, and what gets reported
-        assert 0 < stalls[-1] <= time.monotonic() - start
+        stalls.append(ckpt.save(step, taking(clock, step / 100, state(step))))
+        # the seconds the caller was blocked (the snapshot's), and what gets reported
+        assert stalls[-1] == pytest.approx(step / 100)
         assert ckpt.last_stall_s == stalls[-1]
     ckpt.close()
     assert [r[2] for r in reported] == stalls

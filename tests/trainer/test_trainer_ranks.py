@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from dcp_files import read_dcp
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from ringmaster.procs import wait_until
+from tests.waits import until
 from trainer import durable
 from trainer.checkpoint import default_staging_dir
 from trainer.coordination import Coordination, find_resumable, load_file
@@ -113,12 +113,14 @@ def test_kill_during_persist_keeps_previous_checkpoint(
         make_spec(train={"steps": 6}, checkpoint=durable_only),
         env={"RINGMASTER_TEST_PERSIST_DELAY_S": "60"},
     )
-    deadline = time.monotonic() + 60
     # each rank writes its step/RNG file once its DCP files are written and fsynced
     shards = [root / "step-6" / durable.trainer_file(r) for r in (0, 1)]
-    while not all(p.exists() for p in shards):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in ranks.procs)
-        time.sleep(0.05)
+
+    def written() -> bool:
+        assert all(p.poll() is None for p in ranks.procs), ranks.log(0)[-3000:]
+        return all(p.exists() for p in shards)
+
+    until(written, 60, "both ranks' step-6 shards", lambda: [p.exists() for p in shards])
     ranks.signal(signal.SIGKILL)
     assert ranks.wait() == [-9, -9]
     assert durable.read_latest(root) == "step-3"
@@ -234,8 +236,6 @@ def test_sigterm_exits_quickly_nonzero_and_drops_staged_copies(
     # may fall between the two: wait until both ranks' copies are seen at once.
     wait_until(lambda: sorted(p.name for p in staging.iterdir()) == ["rank-0", "rank-1"], 15)
     ranks.signal(signal.SIGTERM)
-    start = time.monotonic()
-    assert ranks.wait(timeout=15) == [143, 143]
-    assert time.monotonic() - start < 10
+    assert ranks.wait(timeout=10) == [143, 143]  # quickly: within 10 s
     assert not staging.exists()
     agent.close()

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -179,19 +178,18 @@ def _become(request: dict[str, Any]) -> None:
 
 def _line(conn: socket.socket, timeout: float | None) -> bytes | None:
     """One line read from ``conn`` unbuffered (nothing past it is taken from the socket);
-    None if none comes within ``timeout``; b"" when the server went away."""
-    out = b""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    None if none begins within ``timeout``; b"" when the server went away. The server
+    writes a line at once: once its first byte is here, the rest follows."""
     with selectors.DefaultSelector() as sel:
         sel.register(conn, selectors.EVENT_READ)
-        while not out.endswith(b"\n"):
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not sel.select(left):
-                return None
-            byte = conn.recv(1)
-            if not byte:
-                return b""
-            out += byte
+        if not sel.select(timeout):
+            return None
+    out = b""
+    while not out.endswith(b"\n"):
+        byte = conn.recv(1)
+        if not byte:
+            return b""
+        out += byte
     return out
 
 
