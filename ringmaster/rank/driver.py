@@ -1,7 +1,7 @@
 """A user loop's rank in a Ringmaster job: the :class:`ringmaster.rank.session.Session`
 built from the environment the node agent gave the rank, and the per-step agreement a
 loop whose collectives are its own needs (one small all-reduce on a gloo group of the
-API's own, :meth:`trainer.control.StepControl.agree`)."""
+API's own, :meth:`ringmaster.rank.control.StepControl.agree`)."""
 
 from __future__ import annotations
 
@@ -20,21 +20,21 @@ import torch.distributed as dist
 
 from proto.progress import ControlAction, PhaseChanged, StepDone
 from ringmaster import rank_env
+from ringmaster.rank import memory_tier, stacks, termination
+from ringmaster.rank.agent_link import AgentLink
+from ringmaster.rank.beat import Beat
+from ringmaster.rank.checkpoint import Checkpointer, default_staging_dir
+from ringmaster.rank.control import NOTHING, Agreed, StepControl, StepDisagreement
+from ringmaster.rank.control import Decision as ControlDecision
+from ringmaster.rank.coordination import Coordination
+from ringmaster.rank.launch import Launch, SpecError, exit_record, read_launch
+from ringmaster.rank.log import Log
 from ringmaster.rank.phase_watch import NOTHING as ASKS_NOTHING
 from ringmaster.rank.phase_watch import Asked, PhaseWatch
 from ringmaster.rank.session import NOTICED, STOPPED, Outcome, Session
 from ringmaster.rank.state import Objects, Registered, Stateful
+from ringmaster.rank.thread_cpu import started_by
 from ringmaster.rundir import STACKS_SIGNAL
-from trainer import memory_tier, stacks, termination
-from trainer.agent_link import AgentLink
-from trainer.beat import Beat
-from trainer.checkpoint import Checkpointer, default_staging_dir
-from trainer.control import NOTHING, Agreed, StepControl, StepDisagreement
-from trainer.control import Decision as ControlDecision
-from trainer.coordination import Coordination
-from trainer.launch import Launch, SpecError, exit_record, read_launch
-from trainer.log import Log
-from trainer.thread_cpu import started_by
 
 # s: a user loop's ranks start their agreement on the step's decision at most this often
 # (every step when steps take longer). Each one is an all-reduce whose threads take the

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from trainer import durable
-from trainer.checkpoint import Checkpointer, HostBuffers, Stage, Written
-from trainer.coordination import Coordination, find_resumable, load_file
+from ringmaster.rank import durable
+from ringmaster.rank.checkpoint import Checkpointer, HostBuffers, Stage, Written
+from ringmaster.rank.coordination import Coordination, find_resumable, load_file
 
 
 def own_files(manifest: durable.Manifest) -> list[str]:

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from proto.progress import ControlAction, ControlWord
-from trainer.agent_link import AgentLink
+from ringmaster.rank.agent_link import AgentLink
 
 PAUSE_POLL_S = 0.2
 
@@ -61,7 +61,7 @@ class Decision:
     action: Action = Action.NONE
     checkpoint: bool = False
     seq: int = 0  # seq of the newest word folded in (for logs)
-    notice: bool = False  # some rank got a notice (SIGTERM, trainer.termination)
+    notice: bool = False  # some rank got a notice (SIGTERM, ringmaster.rank.termination)
 
 
 NOTHING = Decision()
@@ -108,7 +108,7 @@ class StepControl:
     """The per-boundary exchange. ``enabled=False`` carries no control word at all (no fold,
     no broadcast): only the benchmark uses it, to measure what the word costs. ``group``:
     the process group the word travels on (None: the default group); ``notice``: whether
-    this rank got a notice (:func:`trainer.termination.noticed`), carried by every rank."""
+    this rank got a notice (:func:`ringmaster.rank.termination.noticed`), carried by every rank."""
 
     def __init__(
         self,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.hangwatch import main_frames, threads
-from trainer import stacks
+from ringmaster.rank import stacks
 
 
 def _parked(started: threading.Event, release: threading.Event) -> None:

@@ -9,7 +9,7 @@ torchrun (for a benchmark, say) or under a node agent, which adds:
   directory; relative paths in the spec resolve against it).
 * ``RINGMASTER_CONTROL_SOCKET``: the agent's Unix socket; rank 0 alone connects to it.
 * ``RINGMASTER_ATTEMPT``: the job attempt the rank was launched for (default 0: none),
-  stamped on every line it logs (:mod:`trainer.log`).
+  stamped on every line it logs (:mod:`ringmaster.rank.log`).
 
 The names are :mod:`ringmaster.rank_env`'s, which the agent sets from too.
 

@@ -18,11 +18,11 @@ from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from ringmaster import rankbeat
 from ringmaster.procs import wait_until
+from ringmaster.rank.beat import Beat
+from ringmaster.rank.fake_agent import FakeAgent
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING
 from ringmaster.rundir import STACKS_SIGNAL
 from tests.trainer.conftest import Launcher
-from trainer.beat import Beat
-from trainer.fake_agent import FakeAgent
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
