@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import os
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -37,17 +36,15 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ringmaster import rank_env
-from ringmaster.rank import memory_tier, stacks, termination
+from ringmaster.rank import stacks, termination, tiers
 from ringmaster.rank.agent_link import AgentLink
 from ringmaster.rank.beat import Beat
-from ringmaster.rank.checkpoint import Checkpointer, default_staging_dir
+from ringmaster.rank.checkpoint import Checkpointer
 from ringmaster.rank.control import StepControl
 from ringmaster.rank.coordination import Coordination
 from ringmaster.rank.launch import Launch, SpecError, exit_record, read_launch, torch_threads
 from ringmaster.rank.log import Log
 from ringmaster.rank.session import ResumeError, Session
-from ringmaster.rank.thread_cpu import started_by
 from ringmaster.rundir import STACKS_SIGNAL
 from trainer import preflight_bw
 from trainer.batch_size import choose_micro_batch, forward_backward
@@ -117,8 +114,7 @@ def _init_process_group(launch: Launch, device: torch.device) -> Coordination:
         )
     else:
         dist.init_process_group(backend, init_method="env://", timeout=PG_TIMEOUT)
-    group, threads = started_by(lambda: dist.new_group(backend="gloo", timeout=PG_TIMEOUT))
-    return Coordination(launch.rank, launch.world_size, group, threads)
+    return Coordination.over_gloo(PG_TIMEOUT)
 
 
 def _engine(
@@ -203,31 +199,16 @@ def run(
             world=launch.world_size,
             threads=torch.get_num_threads(),
         )
-        ckpt = launch.spec.checkpoint
-        staging = launch.resolve(ckpt.staging_dir) if ckpt.staging_dir else None
-        checkpointer = Checkpointer(
-            launch.resolve(ckpt.dir),
-            staging or default_staging_dir(launch.job_id, launch.workdir),
+        checkpointer = tiers.checkpointer(
+            launch,
             coord,
-            keep=ckpt.keep,
-            engine=engine.name,
-            job=launch.job_id,
+            engine.name,
+            device,
+            os.environ,
+            log,
             persist_delay_s=hooks.persist_delay_s,
             persist_gate=hooks.persist_gate,
         )
-        termination.on_sigterm(checkpointer.discard_staging)
-        if ckpt.memory_tier:
-            node = os.environ.get(rank_env.NODE) or socket.gethostname()
-            checkpointer.memory, said = memory_tier.build(
-                coord,
-                launch.job_id,
-                node,
-                ckpt.memory_every_steps,
-                ckpt.every_steps,
-                memory_tier.shares_cores(device, launch.local_world_size),
-                first_attempt=launch.attempt == 1,
-            )
-            log("memory_tier", state=said)
         control = StepControl(
             launch.rank, device, link, enabled=hooks.control_word, notice=termination.noticed
         )
@@ -241,7 +222,7 @@ def run(
             beat or Beat(None),
             log,
             framework="builtin",
-            checkpoint_every=ckpt.every_steps,
+            checkpoint_every=launch.spec.checkpoint.every_steps,
         )
         trainer = Trainer(
             launch.spec,

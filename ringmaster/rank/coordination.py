@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ringmaster.rank import durable
+from ringmaster.rank.thread_cpu import started_by
 
 
 @dataclass
@@ -23,6 +26,14 @@ class Coordination:
     world_size: int = 1
     group: dist.ProcessGroup | None = None
     threads: frozenset[int] = frozenset()  # the group's own threads (ringmaster.rank.thread_cpu)
+
+    @classmethod
+    def over_gloo(cls, timeout: timedelta | None = None) -> Coordination:
+        """Every rank of the default process group, on a new gloo group of their own
+        (every rank makes it at the same point); the threads it started are kept, as the
+        memory tier counts their CPU time."""
+        group, threads = started_by(partial(dist.new_group, backend="gloo", timeout=timeout))
+        return cls(dist.get_rank(), dist.get_world_size(), group, threads)
 
     def all_gather(self, item: Any) -> list[Any]:
         if self.world_size == 1:
