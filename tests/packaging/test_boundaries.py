@@ -8,7 +8,8 @@ The rank runtime (``ringmaster.rank``) and the framework integrations
 them, but on the training side: they import torch, and nothing of the control plane (the
 rest of ``ringmaster`` included) imports them. The built-in trainer is one user of the
 rank runtime: ``ringmaster`` and ``proto`` never import it, so a user's loop that imports
-an integration loads neither our model nor DeepSpeed.
+an integration loads neither our model nor DeepSpeed, and the trainer reaches the runtime
+only through the modules ``docs/integrations.md`` documents.
 
 Every import counts: ``import x`` and ``from x import y``, at module level or inside a
 function, absolute or relative (resolved against the importing module's package), and a
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -151,6 +153,69 @@ def test_an_integration_loads_neither_the_trainer_nor_deepspeed(integration: str
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [], f"importing {module} loads {done.stdout.strip()}"
+
+
+def documented_modules(text: str) -> set[str]:
+    """Every dotted name ``text`` shows in backquotes, and each module above it."""
+    names = re.findall(r"`(ringmaster(?:\.\w+)+)", text)
+    return {".".join(n.split(".")[:i]) for n in names for i in range(2, n.count(".") + 2)}
+
+
+def rank_modules_used(package: str, root: Path = ROOT) -> dict[str, str]:
+    """The modules of ``ringmaster.rank`` that ``package`` imports, each with where first."""
+    used: dict[str, str] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # ``from ringmaster.rank import termination``: the module is the name
+                sub = [f"{node.module}.{alias.name}" for alias in node.names]
+                names = [n for n in sub if _is_module(root, n)] or [node.module]
+            else:
+                continue
+            for name in names:
+                if name.startswith("ringmaster.rank."):
+                    used.setdefault(name, f"{path.relative_to(root)}:{node.lineno}")
+    return used
+
+
+def _is_module(root: Path, name: str) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_the_trainer_reaches_the_runtime_only_through_its_documented_api() -> None:
+    """Every module of the rank runtime the built-in trainer imports is one that
+    ``docs/integrations.md`` names: what the trainer needs is public, and said so."""
+    documented = documented_modules((ROOT / "docs" / "integrations.md").read_text())
+    hidden = {m: at for m, at in rank_modules_used("trainer").items() if m not in documented}
+    assert not hidden, "undocumented in docs/integrations.md:\n" + "\n".join(
+        f"{at} imports {m}" for m, at in sorted(hidden.items())
+    )
+
+
+def test_the_documented_api_check_reads_every_form(tmp_path: Path) -> None:
+    (tmp_path / "ringmaster" / "rank").mkdir(parents=True)
+    (tmp_path / "ringmaster" / "rank" / "termination.py").write_text("")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "worker.py").write_text(
+        "from ringmaster import rank\n"
+        "from ringmaster.rank import termination\n"
+        "from ringmaster.rank.session import Session\n"
+        "def late():\n"
+        "    import ringmaster.rank.driver\n"
+    )
+    assert rank_modules_used("trainer", tmp_path) == {
+        "ringmaster.rank.termination": "trainer/worker.py:2",
+        "ringmaster.rank.session": "trainer/worker.py:3",
+        "ringmaster.rank.driver": "trainer/worker.py:5",
+    }
+    assert documented_modules("`ringmaster.rank.session.Session`, `ringmaster/rank/x.py`") == {
+        "ringmaster.rank",
+        "ringmaster.rank.session",
+        "ringmaster.rank.session.Session",
+    }
 
 
 def test_the_check_catches_every_form_of_import(tmp_path: Path) -> None:
