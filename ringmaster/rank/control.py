@@ -13,8 +13,9 @@ A user's loop, whose collectives are its own, takes one small all-reduce per ste
 rank API's gloo group (:meth:`StepControl.agree`), which also checks that every rank is at
 the same step; it runs in the background during the next step, whose boundary acts on it.
 The same sum carries what every rank must judge alike or rank 0 must see from all:
-rank 0's global gradient norm (:mod:`trainer.numeric`) and each rank's compute seconds in
-its own slot (:mod:`trainer.probe`). Summed, a slot only one rank fills arrives intact.
+rank 0's global gradient norm and each rank's compute seconds in its own slot (the
+built-in trainer judges them: :mod:`trainer.numeric`, :mod:`trainer.probe`). Summed, a
+slot only one rank fills arrives intact.
 
 While paused, rank 0 waits up to :data:`PAUSE_POLL_S` for a word and every rank joins a
 sum at that cadence. No rank ever sits in a collective for longer than that (well
