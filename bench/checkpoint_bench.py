@@ -5,9 +5,9 @@ synchronously (not a test).
         [--ddp-preset 125m] [--ddp-rounds 2]
 
 Per state size (parameters + AdamW's two moments, fp32), in one process with a one-rank
-gloo group, through the real :class:`trainer.checkpoint.Checkpointer`:
+gloo group, through the real :class:`ringmaster.rank.checkpoint.Checkpointer`:
 
-* DCP (the DDP and FSDP engines): :class:`trainer.dcp_async.DcpState` over a model of that
+* DCP (the DDP and FSDP engines): :class:`ringmaster.rank.dcp_async.DcpState` over a model of that
   size. Blocked = what ``Checkpointer.save`` returns (``async_save`` staging into reused
   host buffers, plus the step/RNG file's snapshot); synchronous = the same save waited for
   to the end (staging, DCP's write with fsync, sha256 of every file, manifest, ``latest``).
@@ -38,11 +38,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer import durable
-from trainer.checkpoint import Checkpointer, HostBuffers, default_staging_dir
-from trainer.coordination import Coordination
-from trainer.dcp_async import DcpState
-from trainer.log import read
+from ringmaster.rank import durable
+from ringmaster.rank.checkpoint import Checkpointer, HostBuffers, default_staging_dir
+from ringmaster.rank.coordination import Coordination
+from ringmaster.rank.dcp_async import DcpState
+from ringmaster.rank.log import read
 
 WIDTH = 1024  # one layer: a WIDTH x WIDTH fp32 weight and its two moments, 12 MiB
 

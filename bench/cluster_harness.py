@@ -3,7 +3,7 @@ cluster directory, the ranks' own log lines, and the timing of a fault from them
 
 The ranks' logs (``DIR/nodes/<node>/agent/jobs/<job>/rank-<r>.log``) are the ground truth a
 bench times against: ``wall=`` is each line's Unix time, so the lines of ranks on different
-nodes and attempts line up (``trainer/log.py``).
+nodes and attempts line up (``ringmaster/rank/log.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ringmaster.procs import wait_until
-from trainer.log import read
+from ringmaster.rank.log import read
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny.toml"

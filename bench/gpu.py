@@ -21,7 +21,7 @@
 4. loss agreement: every mode of 3 trains the same seeded weights on the same synthetic
    batches, so the steps timed are also the loss run: final losses and max |Δloss| over
    the last 10 steps against bf16;
-5. checkpoint stall: the real ``trainer.checkpoint.Checkpointer`` (world size 1) on the
+5. checkpoint stall: the real ``ringmaster.rank.checkpoint.Checkpointer`` (world size 1) on the
    model's and AdamW's state (~16 GB): the blocking snapshot against a whole synchronous
    save (durable dir under /tmp, deleted afterwards), first through the DeepSpeed
    engine's host-buffer capture, then (time permitting) the DDP/FSDP engines' DCP

@@ -277,10 +277,10 @@ def checkpoint_stall(
     so ``first_blocked_s`` should be close to the later ``blocked_s``."""
     import torch.distributed as dist
 
-    from trainer import durable
-    from trainer.checkpoint import Checkpointer, HostBuffers, default_staging_dir
-    from trainer.coordination import Coordination
-    from trainer.dcp_async import DcpState
+    from ringmaster.rank import durable
+    from ringmaster.rank.checkpoint import Checkpointer, HostBuffers, default_staging_dir
+    from ringmaster.rank.coordination import Coordination
+    from ringmaster.rank.dcp_async import DcpState
 
     model, autocast = build("bf16", run)
     optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr)

@@ -29,7 +29,7 @@ from typing import Any
 import transformers
 from transformers import TrainerCallback
 
-from trainer.log import Log
+from ringmaster.rank.log import Log
 
 BLOCKS = int(os.environ.get("RINGMASTER_BENCH_BLOCKS", "0"))
 

@@ -9,7 +9,7 @@ Each round runs the script without its integration lines, then with them
 started as a node agent starts them (torchrun's environment, one intra-op thread, each
 rank pinned to its share of the cores; with the callback also the
 job spec, and a fake agent on the control socket that takes rank 0's progress as the real
-one does, ``trainer/fake_agent.py``). No cluster runs beside them: its daemons' own work
+one does, ``ringmaster/rank/fake_agent.py``). No cluster runs beside them: its daemons' own work
 on these two cores would move step times by more than what is measured here, and a rank
 pays only for what it does itself. Every step is timed the same way in both, by
 ``bench/hf_steps.py``'s stopwatch callback: the time between consecutive ``on_step_end``,
@@ -49,7 +49,7 @@ from bench.cluster_harness import REPO, read_records
 from bench.trainer_bench import free_port
 from coordinator.rendezvous import cpu_slice
 from ringmaster.memory_store import remove_job_ram
-from trainer.fake_agent import FakeAgent
+from ringmaster.rank.fake_agent import FakeAgent
 
 SCRIPT = REPO / "examples" / "hf_trainer.py"
 STOPWATCH = REPO / "bench" / "hf_steps.py"

@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ringmaster.procs import wait_until  # noqa: E402
+from ringmaster.rank.log import read  # noqa: E402
 from ringmaster.rundir import JobDir, live_ranks  # noqa: E402
-from trainer.log import read  # noqa: E402
 
 JOB = REPO / "examples" / "tiny.toml"
 CTL = [sys.executable, "-m", "coordinator.ctl.main"]

@@ -6,7 +6,7 @@ step-boundary control word (checkpoint stalls: ``bench/checkpoint_bench.py``).
 
 Throughput and control cost run the real worker as 2 gloo ranks (one thread each) and
 read its progress through a fake agent; the isolated exchange timing calls the real
-:class:`trainer.control.StepControl` on 2 spawned ranks. Each rank is its own node
+:class:`ringmaster.rank.control.StepControl` on 2 spawned ranks. Each rank is its own node
 (``RINGMASTER_NODE``), so the memory tier copies every snapshot to the other rank.
 """
 
@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.snapshot_cost import in_run_ratio, snapshot_steps
 from proto.job import JobSpec
 from proto.progress import Finished, StepDone
-from trainer.control import StepControl
-from trainer.fake_agent import FakeAgent
+from ringmaster.rank.control import StepControl
+from ringmaster.rank.fake_agent import FakeAgent
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -156,7 +156,7 @@ def _exchange_loop(rank: int, port: int, calls: int, out: Any) -> None:
     AgentLink, as in a job."""
     import torch.distributed as dist
 
-    from trainer.agent_link import AgentLink
+    from ringmaster.rank.agent_link import AgentLink
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=rank == 0)

@@ -3,7 +3,7 @@ and is it the culprit or a victim?
 
 A rank that stops making progress without exiting holds every peer in the next
 collective; the process group's own timeout is half an hour. Each rank's beat thread
-(``trainer.beat``) says which step it completed when and in which phase it is; the node
+(``ringmaster.rank.beat``) says which step it completed when and in which phase it is; the node
 agent's watch (``nodeagent.hangwatch_loop``) reads it with ``/proc/<pid>/stat`` and asks
 this module for a verdict, capturing the rank's Python stacks when the verdict needs them.
 

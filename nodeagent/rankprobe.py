@@ -2,7 +2,7 @@
 group (``/proc/<pid>/stat``), whether it catches a signal (``SigCgt``), and its Python
 stacks.
 
-Stacks are asked of the rank's stacks thread first (:mod:`trainer.stacks`: a byte on the
+Stacks are asked of the rank's stacks thread first (:mod:`ringmaster.rank.stacks`: a byte on the
 FIFO beside its beat; it writes them to stderr, that is to the rank's log, holding the
 GIL), and of its ``faulthandler`` (on ``STACKS_SIGNAL``, SIGUSR2, registered by the rank)
 only when that thread does not answer, as in a rank wedged in C code holding the GIL. The

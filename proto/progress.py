@@ -150,7 +150,7 @@ def slow_nodes(node_gbps: Mapping[str, float], ratio: float) -> dict[str, float]
 class ControlAction(enum.StrEnum):
     """What a control word asks: the one spelling of the four actions. The agent's commands
     are tagged with them (``proto.commands``), the agent sends them and the trainer codes
-    them for its step all-reduce (``trainer.control.Action``)."""
+    them for its step all-reduce (``ringmaster.rank.control.Action``)."""
 
     PAUSE = "pause"
     RESUME = "resume"

@@ -7,7 +7,7 @@
         step-<N>/manifest.json sha256 and size of every file, which rank and job wrote it
         latest                 the name of the newest complete step dir
 
-The trainer writes this layout (:mod:`trainer.durable`); the operator's CLI reads it before
+The trainer writes this layout (:mod:`ringmaster.rank.durable`); the operator's CLI reads it before
 submitting a job, to say where training will resume from and to refuse a start that a
 finished checkpoint would end at once. Both need the same manifest type and the same rule
 for "newest", so they live here, in the shared runtime that neither side's boundary forbids.

@@ -18,7 +18,7 @@ durable dir; the store keeps the newest sealed step and the one being written, s
 holds at most two snapshots (its own and its buddy's) besides the one in flight.
 
 Plain filesystem code with no torch: the ring and the transfers are
-:mod:`trainer.memory_tier`'s; the node agent and the local cluster's fault injection
+:mod:`ringmaster.rank.memory_tier`'s; the node agent and the local cluster's fault injection
 read the layout too, so it lives in the shared runtime.
 """
 

@@ -1,7 +1,7 @@
 """The environment a node agent gives each rank it starts, beside torchrun's own (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``):
 the names, in one place, for the agent that sets them (``nodeagent.supervisor``) and the
-rank that reads them (``trainer.launch`` and the modules it names). A typo on either side
+rank that reads them (``ringmaster.rank.launch`` and the modules it names). A typo on either side
 is then an import error, not a variable silently unset.
 """
 

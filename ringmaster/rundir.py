@@ -36,7 +36,7 @@ rank started cold carries.
 A restarted agent reads it too: it re-adopts the live ranks its predecessor started
 (``nodeagent.adoption``), with the job's attempt from ``attempt``. Such a rank is not the
 new agent's child, so its exit status cannot be waited for: the rank leaves it in its exit
-record (the trainer does, ``trainer.termination``), and a rank that dies without one (a
+record (the trainer does, ``ringmaster.rank.termination``), and a rank that dies without one (a
 SIGKILL) has an unknown status. A launch clears the previous attempt's PID files, exit
 records and beats, so whatever is found here belongs to the attempt ``attempt`` names.
 """
@@ -272,7 +272,7 @@ def stacks_beside(spec: Path, rank: int) -> Path:
 
 # The agent's fallback ask for a rank's stacks when the FIFO's thread does not answer: the
 # rank's ``faulthandler`` on this signal. Not SIGUSR1, which is Slurm's warning before a
-# job's end (``--signal=USR1@90``), a preemption notice to the rank (trainer.termination).
+# job's end (``--signal=USR1@90``), a preemption notice to the rank (ringmaster.rank.termination).
 STACKS_SIGNAL = signal.SIGUSR2
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.log import Log
+from ringmaster.rank.log import Log
 from trainer.model import lm_loss
 from trainer.precision import Precision, autocast_context
 

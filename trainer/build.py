@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from proto.job import TrainSection
+from ringmaster.rank.log import Log
 from trainer import compile as regional
 from trainer.fp8_auto import plan, summary
-from trainer.log import Log
 from trainer.model import GPT
 from trainer.precision import apply_precision
 from trainer.presets import ModelConfig, param_count

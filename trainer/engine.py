@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -20,65 +19,16 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from proto.job import TrainSection
-from trainer import durable
-from trainer.dcp_async import DcpCheckpoints, DcpState
+from ringmaster.rank.dcp_async import DcpCheckpoints, DcpState
+from ringmaster.rank.state import State
 from trainer.model import lm_loss
 from trainer.precision import Precision, autocast_context
 
 
-class State(Protocol):
-    """What a checkpoint holds of a rank and how it comes back: the checkpoint half of an
-    :class:`Engine`, and what a loop registers through the rank API
-    (:class:`ringmaster.rank.state.Registered`). The checkpointer, the memory tier and the
-    resume (:mod:`ringmaster.rank.session`) see only this."""
-
-    name: str  # recorded in the manifest: a checkpoint loads only into a state of its name
-
-    def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
-        """Copy this rank's state for a checkpoint of step dir ``target``, quickly (the
-        loop waits): file name -> an in-memory copy the next step cannot change, serialised
-        later by the persist thread, or a :class:`trainer.checkpoint.Written` for files the
-        state writes into ``target`` in the background. A state that cannot hand itself
-        over either way may write files into ``staging`` (the rank's empty staging dir)."""
-        ...
-
-    def prepare_snapshot(self) -> None:
-        """Start allocating the host buffers :meth:`snapshot` copies into, in the
-        background (the first snapshot waits for that if still needed). Called on every
-        rank at the same point, after the first optimizer step of the process, when the
-        optimizer state exists; may take collectives."""
-        ...
-
-    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
-        """The files of a checkpoint this rank verifies and loads; None if it cannot use
-        that checkpoint (another state's, or a layout this world size cannot load). A
-        checkpoint written at another world size loads where the state reshards it."""
-        ...
-
-    def refusal(self, manifest: durable.Manifest) -> str | None:
-        """Why :meth:`files_for` refuses ``manifest``, in a few words for the operator's
-        one line; None when it does not (the files may still fail their checksums)."""
-        ...
-
-    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str] | None:
-        """Every file rank ``rank`` of this world opens loading ``manifest``: its own and
-        the other ranks' it reads too (at another world size, what resharding reads).
-        A durable dir shows every rank every file; the memory tier brings these to the
-        rank's node. None where :meth:`files_for` refuses the checkpoint."""
-        ...
-
-    def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
-        """Restore the state :meth:`snapshot` captured, from a verified checkpoint."""
-        ...
-
-    def close(self) -> None:
-        """Release what checkpoints hold (host buffers), after the last one is durable."""
-        ...
-
-
 class Engine(State, Protocol):
     """A training engine: what turns a batch into an optimizer step, and (as a
-    :class:`State`) what a rank's checkpoint shard holds."""
+    :class:`ringmaster.rank.state.State`, the rank runtime's checkpoint format hooks)
+    what a rank's checkpoint shard holds."""
 
     module: nn.Module  # the unwrapped model
 
@@ -95,7 +45,7 @@ class Engine(State, Protocol):
 class TorchEngine(DcpCheckpoints):
     """What the DDP and FSDP engines share: AdamW over the unwrapped ``module``'s
     parameters, forward through the ``wrapped`` one, gradients clipped by global norm, DCP
-    checkpoints (:class:`trainer.dcp_async.DcpState`). Built after the wrapping, so the
+    checkpoints (:class:`ringmaster.rank.dcp_async.DcpState`). Built after the wrapping, so the
     optimizer sees the parameters as the wrapper left them (FSDP2: DTensor shards)."""
 
     def __init__(
@@ -137,7 +87,7 @@ class TorchEngine(DcpCheckpoints):
 
 class DDPEngine(TorchEngine):
     """DistributedDataParallel. Parameters and optimizer state are replicated: each rank
-    stages and writes only its share of them (:func:`trainer.dcp_async.replicated_share`),
+    stages and writes only its share of them (:func:`ringmaster.rank.dcp_async.replicated_share`),
     and a job resumed with another world size loads the same state. ``share=False`` (a
     benchmark's baseline only) has every rank stage all of it."""
 

@@ -53,9 +53,9 @@ import torch.distributed as dist
 from torch import nn
 
 from proto.job import TrainSection
-from trainer import durable
-from trainer.file_transfer import share_from_rank0
-from trainer.host_buffers import HostBuffers
+from ringmaster.rank import durable
+from ringmaster.rank.file_transfer import share_from_rank0
+from ringmaster.rank.host_buffers import HostBuffers
 from trainer.model import lm_loss
 from trainer.precision import Precision
 

@@ -10,7 +10,7 @@ computed for all weights in one go after each optimizer step
 (``precompute_float8_dynamic_scale_for_fsdp``). On CUDA, parameters are gathered in BF16
 and gradients reduced in FP32 (``MixedPrecisionPolicy``); on CPU everything stays FP32.
 
-Checkpoints go through DCP ``async_save`` of the sharded state (:mod:`trainer.dcp_async`,
+Checkpoints go through DCP ``async_save`` of the sharded state (:mod:`ringmaster.rank.dcp_async`,
 which unwraps the float8 weights first): each rank writes only its shards, and DCP reshards
 on load, so a job resumes with another world size.
 """

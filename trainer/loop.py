@@ -31,15 +31,15 @@ import torch
 
 from proto.job import JobSpec
 from proto.progress import Progress, StepDone
+from ringmaster.rank.control import Decision, StepControl
+from ringmaster.rank.log import Log
 from ringmaster.rank.session import COMPLETED, NOTICED, STOPPED, Outcome, Session
 from ringmaster.rankbeat import CHECKPOINT
 from trainer import numeric
 from trainer.compile import CompileClock
-from trainer.control import Decision, StepControl
 from trainer.data import Batches
 from trainer.engine import Engine
 from trainer.flops import Mfu
-from trainer.log import Log
 from trainer.probe import StepProbe, StragglerWindow
 
 

@@ -10,7 +10,7 @@ data.
 
 Every rank decides the same way at the same step without a collective of its own: the
 loss and the gradient norm it judges are the values all-reduced with the step's control
-word (:meth:`trainer.control.StepControl.reduce_step`), identical on every rank, and the
+word (:meth:`ringmaster.rank.control.StepControl.reduce_step`), identical on every rank, and the
 detector's history is built from them alone.
 
 Data skipping: the data of step ``s`` is ``Batches.batch(s + offset)``. A rewind from the

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from proto.progress import BandwidthChecked, slow_nodes
 from ringmaster import rank_env
-from trainer.log import Log
+from ringmaster.rank.log import Log
 
 CPU_BYTES = 16 << 20  # gloo over loopback or TCP: enough to leave latency behind
 CUDA_BYTES = 256 << 20  # NCCL: large enough to reach the bus's plateau

@@ -13,7 +13,7 @@ parameters inside it, so with them a peer's delay leaks into every rank's figure
 ratios between ranks understate a straggler. On CUDA the window is timed with CUDA events,
 read after the step's kernels are queued (no synchronisation inside the step).
 
-The ranks' figures travel in the step's loss all-reduce (:meth:`trainer.control.StepControl.
+The ranks' figures travel in the step's loss all-reduce (:meth:`ringmaster.rank.control.StepControl.
 reduce_step`), one slot per rank, so gathering them costs no collective; rank 0 keeps the
 window (:class:`StragglerWindow`) and reports medians, and the coordinator decides.
 

@@ -57,7 +57,6 @@ from typing import NoReturn
 import msgspec
 
 from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, PRELOAD_ENV, READY, STARTED, WarmLaunch
-from trainer.thread_cpu import task_ids
 
 Main = Callable[[Sequence[str]], int]
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
@@ -136,8 +135,8 @@ def script_main(script: str) -> Main:
     would (its directory first on the path), its exit record left as the worker's is."""
 
     def main(argv: Sequence[str]) -> int:
-        from trainer import termination
-        from trainer.launch import exit_record
+        from ringmaster.rank import termination
+        from ringmaster.rank.launch import exit_record
 
         termination.record_exit_in(exit_record(os.environ))
         if threads := os.environ.get("OMP_NUM_THREADS", "").strip():
@@ -229,6 +228,10 @@ def _apply(launch: WarmLaunch) -> int:
     os.chdir(launch.cwd)
     fd = os.open(launch.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     if launch.cpus:
+        # here, not at the top: the rank runtime's package imports torch, and importing
+        # this module costs nothing heavy (``preload`` has imported it by now)
+        from ringmaster.rank.thread_cpu import task_ids
+
         available = os.sched_getaffinity(0)
         chosen = {c for c in launch.cpus if c in available} or available
         # sched_setaffinity(0) is the calling thread only; imports may have started others

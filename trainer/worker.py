@@ -1,13 +1,13 @@
 """``python -m trainer.worker``: one training rank.
 
-Launch contract (see :mod:`trainer.launch`): torchrun's environment, plus
+Launch contract (see :mod:`ringmaster.rank.launch`): torchrun's environment, plus
 ``RINGMASTER_JOB_SPEC`` (or ``--config JOB.toml``), ``RINGMASTER_JOB_ID``,
 ``RINGMASTER_WORKDIR`` and ``RINGMASTER_CONTROL_SOCKET``. Exit status: 0 when the job
 completed or was stopped (its final checkpoint durable), 2 for a bad spec (one line on
 stderr, before joining the process group), 143 on SIGTERM, 1 on any other failure (one
 line when checkpoints exist that this run cannot resume, or when a numeric fault cannot be
 rewound, see :mod:`trainer.numeric`); each of these is also left in the rank's exit record
-for its node agent (:func:`trainer.launch.exit_record`). Ranks of simulated nodes also read
+for its node agent (:func:`ringmaster.rank.launch.exit_record`). Ranks of simulated nodes also read
 rehearsal knobs (``RINGMASTER_SIM_KNOBS``, :mod:`trainer.sim_knobs`).
 
 Hooks for tests and benchmarks only: ``RINGMASTER_TEST_PERSIST_DELAY_S`` (seconds each
@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import os
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -37,22 +36,22 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ringmaster import rank_env
+from ringmaster.rank import stacks, termination, tiers
+from ringmaster.rank.agent_link import AgentLink
+from ringmaster.rank.beat import Beat
+from ringmaster.rank.checkpoint import Checkpointer
+from ringmaster.rank.control import StepControl
+from ringmaster.rank.coordination import Coordination
+from ringmaster.rank.launch import Launch, SpecError, exit_record, read_launch, torch_threads
+from ringmaster.rank.log import Log
 from ringmaster.rank.session import ResumeError, Session
 from ringmaster.rundir import STACKS_SIGNAL
-from trainer import memory_tier, preflight_bw, stacks, termination
-from trainer.agent_link import AgentLink
+from trainer import preflight_bw
 from trainer.batch_size import choose_micro_batch, forward_backward
-from trainer.beat import Beat
 from trainer.build import build_model, compile_model
-from trainer.checkpoint import Checkpointer, default_staging_dir
-from trainer.control import StepControl
-from trainer.coordination import Coordination
 from trainer.data import SYNTHETIC, Batches, Layout
 from trainer.engine import DDPEngine, Engine
 from trainer.flops import Mfu, device_peak, model_flops_per_token
-from trainer.launch import Launch, SpecError, exit_record, read_launch, torch_threads
-from trainer.log import Log
 from trainer.loop import Hooks, Outcome, Trainer
 from trainer.model import count_params
 from trainer.numeric import NumericFault
@@ -60,10 +59,9 @@ from trainer.precision import count_float8_linears
 from trainer.presets import ModelConfig, get_preset
 from trainer.probe import StepProbe
 from trainer.sim_knobs import SimKnobsReader
-from trainer.thread_cpu import started_by
 
 # Explicit, and long: a rank legitimately waits in a collective while a peer stages a
-# large checkpoint. Pauses never hold a collective open (see trainer.control).
+# large checkpoint. Pauses never hold a collective open (see ringmaster.rank.control).
 PG_TIMEOUT = timedelta(minutes=30)
 
 
@@ -116,8 +114,7 @@ def _init_process_group(launch: Launch, device: torch.device) -> Coordination:
         )
     else:
         dist.init_process_group(backend, init_method="env://", timeout=PG_TIMEOUT)
-    group, threads = started_by(lambda: dist.new_group(backend="gloo", timeout=PG_TIMEOUT))
-    return Coordination(launch.rank, launch.world_size, group, threads)
+    return Coordination.over_gloo(PG_TIMEOUT)
 
 
 def _engine(
@@ -202,31 +199,16 @@ def run(
             world=launch.world_size,
             threads=torch.get_num_threads(),
         )
-        ckpt = launch.spec.checkpoint
-        staging = launch.resolve(ckpt.staging_dir) if ckpt.staging_dir else None
-        checkpointer = Checkpointer(
-            launch.resolve(ckpt.dir),
-            staging or default_staging_dir(launch.job_id, launch.workdir),
+        checkpointer = tiers.checkpointer(
+            launch,
             coord,
-            keep=ckpt.keep,
-            engine=engine.name,
-            job=launch.job_id,
+            engine.name,
+            device,
+            os.environ,
+            log,
             persist_delay_s=hooks.persist_delay_s,
             persist_gate=hooks.persist_gate,
         )
-        termination.on_sigterm(checkpointer.discard_staging)
-        if ckpt.memory_tier:
-            node = os.environ.get(rank_env.NODE) or socket.gethostname()
-            checkpointer.memory, said = memory_tier.build(
-                coord,
-                launch.job_id,
-                node,
-                ckpt.memory_every_steps,
-                ckpt.every_steps,
-                memory_tier.shares_cores(device, launch.local_world_size),
-                first_attempt=launch.attempt == 1,
-            )
-            log("memory_tier", state=said)
         control = StepControl(
             launch.rank, device, link, enabled=hooks.control_word, notice=termination.noticed
         )
@@ -240,7 +222,7 @@ def run(
             beat or Beat(None),
             log,
             framework="builtin",
-            checkpoint_every=ckpt.every_steps,
+            checkpoint_every=launch.spec.checkpoint.every_steps,
         )
         trainer = Trainer(
             launch.spec,

@@ -66,7 +66,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from ringmaster import rank
-from trainer import termination
+from ringmaster.rank import termination
 
 LAST = "last.ckpt"  # what ``ckpt_path="last"`` looks for: ``last*.ckpt`` in a ModelCheckpoint's dir
 

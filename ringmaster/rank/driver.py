@@ -1,14 +1,13 @@
 """A user loop's rank in a Ringmaster job: the :class:`ringmaster.rank.session.Session`
 built from the environment the node agent gave the rank, and the per-step agreement a
 loop whose collectives are its own needs (one small all-reduce on a gloo group of the
-API's own, :meth:`trainer.control.StepControl.agree`)."""
+API's own, :meth:`ringmaster.rank.control.StepControl.agree`)."""
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,21 +19,19 @@ import torch.distributed as dist
 
 from proto.progress import ControlAction, PhaseChanged, StepDone
 from ringmaster import rank_env
+from ringmaster.rank import stacks, termination, tiers
+from ringmaster.rank.agent_link import AgentLink
+from ringmaster.rank.beat import Beat
+from ringmaster.rank.control import NOTHING, Agreed, StepControl, StepDisagreement
+from ringmaster.rank.control import Decision as ControlDecision
+from ringmaster.rank.coordination import Coordination
+from ringmaster.rank.launch import Launch, SpecError, exit_record, read_launch
+from ringmaster.rank.log import Log
 from ringmaster.rank.phase_watch import NOTHING as ASKS_NOTHING
 from ringmaster.rank.phase_watch import Asked, PhaseWatch
 from ringmaster.rank.session import NOTICED, STOPPED, Outcome, Session
 from ringmaster.rank.state import Objects, Registered, Stateful
 from ringmaster.rundir import STACKS_SIGNAL
-from trainer import memory_tier, stacks, termination
-from trainer.agent_link import AgentLink
-from trainer.beat import Beat
-from trainer.checkpoint import Checkpointer, default_staging_dir
-from trainer.control import NOTHING, Agreed, StepControl, StepDisagreement
-from trainer.control import Decision as ControlDecision
-from trainer.coordination import Coordination
-from trainer.launch import Launch, SpecError, exit_record, read_launch
-from trainer.log import Log
-from trainer.thread_cpu import started_by
 
 # s: a user loop's ranks start their agreement on the step's decision at most this often
 # (every step when steps take longer). Each one is an all-reduce whose threads take the
@@ -159,30 +156,17 @@ class Driver:
         )
         session.loop_saves = self.loop_saves
         if self.model is not None or self.objects:
-            staging = launch.resolve(ckpt.staging_dir) if ckpt.staging_dir else None
-            checkpointer = Checkpointer(
-                launch.resolve(ckpt.dir),
-                staging or default_staging_dir(launch.job_id, launch.workdir),
+            checkpointer = tiers.checkpointer(
+                launch,
                 coord,
-                keep=ckpt.keep,
-                engine=Registered.name,
-                job=launch.job_id,
+                Registered.name,
+                torch.device("cpu"),
+                self.env,
+                self.log,
+                # never sparser than the durable checkpoints this session writes; the
+                # framework's own saves have a cadence of their own, unknown here
+                memory_cap=LOOP_SAVES_CAP if self.loop_saves else None,
             )
-            termination.on_sigterm(checkpointer.discard_staging)
-            if ckpt.memory_tier:
-                node = self.env.get(rank_env.NODE) or socket.gethostname()
-                checkpointer.memory, said = memory_tier.build(
-                    coord,
-                    launch.job_id,
-                    node,
-                    ckpt.memory_every_steps,
-                    # never sparser than the durable checkpoints this session writes; the
-                    # framework's own saves have a cadence of their own, unknown here
-                    LOOP_SAVES_CAP if self.loop_saves else ckpt.every_steps,
-                    memory_tier.shares_cores(torch.device("cpu"), launch.local_world_size),
-                    first_attempt=launch.attempt == 1,
-                )
-                self.log("memory_tier", state=said)
             state = Registered(self.model, self.optimizer, coord.group)
             session.attach(checkpointer, state, Objects(self.objects))
             save = session.save_in_phase
@@ -372,8 +356,7 @@ def _coordination(launch: Launch) -> Coordination:
             "call torch.distributed.init_process_group() before the rank API's restore() "
             "or step(): it agrees with the other ranks over it"
         )
-    group, threads = started_by(_gloo_group)
-    return Coordination(dist.get_rank(), dist.get_world_size(), group, threads)
+    return Coordination.over_gloo()
 
 
 def _gloo_group() -> dist.ProcessGroup | None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from trainer.control import same_on_every_rank
+from ringmaster.rank.control import same_on_every_rank
 
 ROUND_S = 0.5  # how often the watches of ranks inside a phase compare what they hold
 CLOSE_S = 10.0  # the most the loop's end waits for the watches' last round

@@ -34,16 +34,15 @@ from proto.progress import (
     Reaction,
     Resumed,
 )
-from ringmaster.rank.state import Position, capture_rng, restore_rng
+from ringmaster.rank import durable, termination
+from ringmaster.rank.agent_link import AgentLink
+from ringmaster.rank.beat import Beat
+from ringmaster.rank.checkpoint import Checkpointer
+from ringmaster.rank.control import PAUSE_POLL_S, Action, Decision, StepControl
+from ringmaster.rank.coordination import find_resumable, load_file
+from ringmaster.rank.log import Log
+from ringmaster.rank.state import Position, State, capture_rng, restore_rng
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED
-from trainer import durable, termination
-from trainer.agent_link import AgentLink
-from trainer.beat import Beat
-from trainer.checkpoint import Checkpointer
-from trainer.control import PAUSE_POLL_S, Action, Decision, StepControl
-from trainer.coordination import find_resumable, load_file
-from trainer.engine import State
-from trainer.log import Log
 
 Outcome = Literal["completed", "stopped"]
 COMPLETED: Outcome = "completed"
@@ -394,7 +393,7 @@ class Session:
     def leave_for_notice(self) -> None:
         """After a notice: once the checkpoint of this step is durable (the framework's
         own, when it saves itself), flush what rank 0 has to say and exit as SIGTERM
-        does (:func:`trainer.termination.leave`)."""
+        does (:func:`ringmaster.rank.termination.leave`)."""
         if self.checkpointer is not None:
             self.checkpointer.wait()
         self.log("leaving", step=self.step, reason="notice", durable=self._durable_step)

@@ -1,12 +1,16 @@
-"""What a training loop registers as its state, as the checkpointer sees it.
+"""A rank's training state as the checkpointer sees it (:class:`State`), and what a loop
+registers as that state through the rank API.
 
-A model and its optimizer go through ``torch.distributed.checkpoint.state_dict``
-(:class:`trainer.dcp_async.DcpState`), so a plain module, DDP and FSDP2 all save and load
-the same way and DCP reshards them when the world size changes. Everything else the loop
-registers — a learning-rate scheduler, a ``StatefulDataLoader``, a sampler's position, any
-object with ``state_dict``/``load_state_dict`` — and the RNG states go into the rank's own
-small file beside them (:class:`LoopFile`), as the built-in trainer's step and data offset
-do.
+A loop that brings its own engine implements :class:`State` itself: its own checkpoint
+format (the built-in trainer's engines, :class:`trainer.engine.Engine`, DeepSpeed's
+layout among them). A loop that registers its objects gets :class:`Registered`: a model
+and its optimizer go through ``torch.distributed.checkpoint.state_dict``
+(:class:`ringmaster.rank.dcp_async.DcpState`), so a plain module, DDP and FSDP2 all save
+and load the same way and DCP reshards them when the world size changes. Everything else
+the loop registers — a learning-rate scheduler, a ``StatefulDataLoader``, a sampler's
+position, any object with ``state_dict``/``load_state_dict`` — and the RNG states go into
+the rank's own small file beside them (:class:`Objects`), as the built-in trainer's step
+and data offset do.
 """
 
 from __future__ import annotations
@@ -22,10 +26,61 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainer import durable
-from trainer.dcp_async import DcpState
+from ringmaster.rank import durable
+from ringmaster.rank.dcp_async import DcpState
 
 NAME = "dcp"  # the manifests of registered state say so (``Manifest.engine``)
+
+
+class State(Protocol):
+    """What a checkpoint holds of a rank and how it comes back: the checkpoint half of a
+    loop's own engine, or what a loop registers through the rank API
+    (:class:`Registered`). The checkpointer, the memory tier and the resume
+    (:mod:`ringmaster.rank.session`) see only this."""
+
+    name: str  # recorded in the manifest: a checkpoint loads only into a state of its name
+
+    def snapshot(self, staging: Path, target: Path) -> dict[str, Any]:
+        """Copy this rank's state for a checkpoint of step dir ``target``, quickly (the
+        loop waits): file name -> an in-memory copy the next step cannot change, serialised
+        later by the persist thread, or a :class:`ringmaster.rank.checkpoint.Written` for
+        files the state writes into ``target`` in the background. A state that cannot hand
+        itself over either way may write files into ``staging`` (the rank's empty staging
+        dir)."""
+        ...
+
+    def prepare_snapshot(self) -> None:
+        """Start allocating the host buffers :meth:`snapshot` copies into, in the
+        background (the first snapshot waits for that if still needed). Called on every
+        rank at the same point, after the first optimizer step of the process, when the
+        optimizer state exists; may take collectives."""
+        ...
+
+    def files_for(self, manifest: durable.Manifest) -> list[str] | None:
+        """The files of a checkpoint this rank verifies and loads; None if it cannot use
+        that checkpoint (another state's, or a layout this world size cannot load). A
+        checkpoint written at another world size loads where the state reshards it."""
+        ...
+
+    def refusal(self, manifest: durable.Manifest) -> str | None:
+        """Why :meth:`files_for` refuses ``manifest``, in a few words for the operator's
+        one line; None when it does not (the files may still fail their checksums)."""
+        ...
+
+    def memory_files(self, manifest: durable.Manifest, rank: int) -> list[str] | None:
+        """Every file rank ``rank`` of this world opens loading ``manifest``: its own and
+        the other ranks' it reads too (at another world size, what resharding reads).
+        A durable dir shows every rank every file; the memory tier brings these to the
+        rank's node. None where :meth:`files_for` refuses the checkpoint."""
+        ...
+
+    def load(self, step_dir: Path, manifest: durable.Manifest) -> None:
+        """Restore the state :meth:`snapshot` captured, from a verified checkpoint."""
+        ...
+
+    def close(self) -> None:
+        """Release what checkpoints hold (host buffers), after the last one is durable."""
+        ...
 
 
 @runtime_checkable
@@ -42,7 +97,7 @@ def _sharded(module: nn.Module) -> bool:
 
 
 class Registered:
-    """A model and optimizer registered by the loop, as a :class:`trainer.engine.State`.
+    """A model and optimizer registered by the loop, as a :class:`State`.
     Without a model there are no DCP files: the loop's whole state is in its rank file."""
 
     name = NAME

@@ -18,7 +18,7 @@ from coordinator.ctl.main import main
 from coordinator.ctl.start_point import decide, in_use, sharing, sibling
 from proto.job import JobRecord, JobSection, JobSpec, JobState
 from ringmaster.checkpoints import Manifest, newest_sealed, read_manifest
-from trainer import durable
+from ringmaster.rank import durable
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 11, 3, 3, 59, 2, tzinfo=UTC)

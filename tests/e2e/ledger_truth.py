@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.log import read
+from ringmaster.rank.log import read
 
 
 @dataclass

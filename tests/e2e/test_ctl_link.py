@@ -12,7 +12,7 @@ import pytest
 from cli_harness import Ctl, eventually, netns_unavailable
 
 from coordinator.ctl.home import agent_run_dirs
-from trainer.log import read
+from ringmaster.rank.log import read
 
 WHY = netns_unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(WHY), reason=WHY)]

@@ -29,8 +29,8 @@ from proto.progress import (
     Resumed,
     StepDone,
 )
+from ringmaster.rank.fake_agent import FakeAgent
 from tests.trainer.conftest import REPO, free_port
-from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "examples" / "accelerate_loop.py"

@@ -27,9 +27,9 @@ from proto.progress import (
     Resumed,
     StepDone,
 )
+from ringmaster.rank.fake_agent import FakeAgent
 from tests.trainer.conftest import REPO, free_port
 from tests.trainer.zygote import run
-from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
 SCRIPT = REPO / "examples" / "lightning_module.py"

@@ -41,8 +41,8 @@ RANK = textwrap.dedent(
     """
     import faulthandler, importlib.util, os, signal, time
     from ringmaster.rundir import STACKS_SIGNAL
-    from trainer import stacks
-    from trainer.beat import Beat
+    from ringmaster.rank import stacks
+    from ringmaster.rank.beat import Beat
 
     rank = int(os.environ["RANK"])
     if not os.environ.get("NO_STACKS"):

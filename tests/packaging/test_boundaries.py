@@ -3,13 +3,18 @@ imports the other; both share only ``proto`` (the wire contract) and ``ringmaste
 shared runtime), which import neither. None of them imports the trainer (the agent starts
 ranks as processes, ``python -m trainer.worker``) or torch and its libraries.
 
-The rank API (``ringmaster.rank``) and the framework integrations
+The rank runtime (``ringmaster.rank``) and the framework integrations
 (``ringmaster.integrations``) live in the ``ringmaster`` namespace, where a user imports
-them, but on the training side: they import torch and the trainer, and nothing of the
-control plane (the rest of ``ringmaster`` included) imports them.
+them, but on the training side: they import torch, and nothing of the control plane (the
+rest of ``ringmaster`` included) imports them. The built-in trainer is one user of the
+rank runtime: ``ringmaster`` and ``proto`` never import it, so a user's loop that imports
+an integration loads neither our model nor DeepSpeed, and the trainer reaches the runtime
+only through the modules ``docs/integrations.md`` documents.
 
 Every import counts: ``import x`` and ``from x import y``, at module level or inside a
-function, absolute or relative (resolved against the importing module's package).
+function, absolute or relative (resolved against the importing module's package), and a
+module named by a string (``importlib.import_module("x")``, ``__import__``,
+``runpy.run_module``).
 
 One boundary runs inside the coordinator: its pure decision modules read no clock (the
 time is their argument), so only the I/O shell's clock object says what time it is."""
@@ -17,6 +22,10 @@ time is their argument), so only the I/O shell's clock object says what time it 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +45,11 @@ FORBIDDEN = {
     "ringmaster/rank": ("coordinator", "nodeagent"),
     "ringmaster/integrations": ("coordinator", "nodeagent"),
 }
+# Never the built-in trainer, anywhere in these trees (the rank runtime included): the
+# trainer is one user of the runtime, not a part of it.
+NOT_THE_TRAINER = ("ringmaster", "proto")
+# the calls that import a module named by a string
+BY_NAME = frozenset(("import_module", "__import__", "run_module"))
 
 
 def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
@@ -49,18 +63,38 @@ def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else ()
             yield node.lineno, ".".join([*base, *([node.module] if node.module else [])])
+        elif isinstance(node, ast.Call) and (name := _named_module(node)) is not None:
+            yield node.lineno, name
+
+
+def _named_module(call: ast.Call) -> str | None:
+    """The module a call like ``importlib.import_module("x")`` imports, if it is one."""
+    func = call.func
+    callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = call.args[0] if call.args else None
+    if callee in BY_NAME and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    return None
 
 
 def violations(package: str, root: Path = ROOT) -> list[str]:
     """Every forbidden import in ``package`` (a directory under ``root``), leaving out the
     subpackages that have rules of their own."""
     others = [root / p for p in FORBIDDEN if p != package and p.startswith(f"{package}/")]
+    return imports_of(package, FORBIDDEN[package], root, others)
+
+
+def imports_of(
+    package: str, banned: tuple[str, ...], root: Path = ROOT, leave_out: list[Path] | None = None
+) -> list[str]:
+    """Every import of a ``banned`` module in ``package`` (a directory under ``root``),
+    but in the directories of ``leave_out``."""
     return [
         f"{path.relative_to(root)}:{line} imports {module}"
         for path in sorted((root / package).rglob("*.py"))
-        if not any(path.is_relative_to(other) for other in others)
+        if not any(path.is_relative_to(other) for other in leave_out or [])
         for line, module in sorted(imported_modules(path, root))
-        if any(module == b or module.startswith(f"{b}.") for b in FORBIDDEN[package])
+        if any(module == b or module.startswith(f"{b}.") for b in banned)
     ]
 
 
@@ -69,6 +103,122 @@ def test_no_import_across_the_boundary(package: str) -> None:
     found = violations(package)
     banned = " or ".join(FORBIDDEN[package])
     assert not found, f"{package}/ must not import {banned}:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("package", NOT_THE_TRAINER)
+def test_the_runtime_never_imports_the_trainer(package: str) -> None:
+    found = imports_of(package, ("trainer",))
+    assert not found, f"{package}/ must not import the built-in trainer:\n" + "\n".join(found)
+
+
+def test_the_trainer_check_sees_into_the_rank_runtime_and_names_in_strings(
+    tmp_path: Path,
+) -> None:
+    rank = tmp_path / "ringmaster" / "rank"
+    rank.mkdir(parents=True)
+    (rank / "driver.py").write_text(
+        "import importlib, runpy\n"
+        "from trainer.control import StepControl\n"
+        "def late():\n"
+        "    from trainer import durable\n"
+        "    importlib.import_module('trainer.engine')\n"
+        "    __import__('trainer')\n"
+        "    runpy.run_module('trainer.worker')\n"
+        "    importlib.import_module(name)\n"  # not a name we can read: not counted
+        "    importlib.import_module('trainerlike')\n"
+    )
+    assert imports_of("ringmaster", ("trainer",), tmp_path) == [
+        "ringmaster/rank/driver.py:2 imports trainer.control",
+        "ringmaster/rank/driver.py:4 imports trainer",
+        "ringmaster/rank/driver.py:5 imports trainer.engine",
+        "ringmaster/rank/driver.py:6 imports trainer",
+        "ringmaster/rank/driver.py:7 imports trainer.worker",
+    ]
+
+
+# each integration and the library its user installs it with
+INTEGRATIONS = {"hf": "transformers", "lightning": "pytorch_lightning", "accelerate": "accelerate"}
+
+
+@pytest.mark.parametrize("integration", sorted(INTEGRATIONS))
+def test_an_integration_loads_neither_the_trainer_nor_deepspeed(integration: str) -> None:
+    """A user's script that imports an integration, in a fresh interpreter: no module of
+    the built-in trainer and no DeepSpeed come with it (``sys.modules``)."""
+    if importlib.util.find_spec(INTEGRATIONS[integration]) is None:
+        pytest.skip(f"{INTEGRATIONS[integration]} is not installed")
+    module = f"ringmaster.integrations.{integration}"
+    code = (
+        f"import sys, {module}\n"
+        "print(*sorted(m for m in sys.modules if m.split('.')[0] in ('trainer', 'deepspeed')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], f"importing {module} loads {done.stdout.strip()}"
+
+
+def documented_modules(text: str) -> set[str]:
+    """Every dotted name ``text`` shows in backquotes, and each module above it."""
+    names = re.findall(r"`(ringmaster(?:\.\w+)+)", text)
+    return {".".join(n.split(".")[:i]) for n in names for i in range(2, n.count(".") + 2)}
+
+
+def rank_modules_used(package: str, root: Path = ROOT) -> dict[str, str]:
+    """The modules of ``ringmaster.rank`` that ``package`` imports, each with where first."""
+    used: dict[str, str] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # ``from ringmaster.rank import termination``: the module is the name
+                sub = [f"{node.module}.{alias.name}" for alias in node.names]
+                names = [n for n in sub if _is_module(root, n)] or [node.module]
+            else:
+                continue
+            for name in names:
+                if name.startswith("ringmaster.rank."):
+                    used.setdefault(name, f"{path.relative_to(root)}:{node.lineno}")
+    return used
+
+
+def _is_module(root: Path, name: str) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def test_the_trainer_reaches_the_runtime_only_through_its_documented_api() -> None:
+    """Every module of the rank runtime the built-in trainer imports is one that
+    ``docs/integrations.md`` names: what the trainer needs is public, and said so."""
+    documented = documented_modules((ROOT / "docs" / "integrations.md").read_text())
+    hidden = {m: at for m, at in rank_modules_used("trainer").items() if m not in documented}
+    assert not hidden, "undocumented in docs/integrations.md:\n" + "\n".join(
+        f"{at} imports {m}" for m, at in sorted(hidden.items())
+    )
+
+
+def test_the_documented_api_check_reads_every_form(tmp_path: Path) -> None:
+    (tmp_path / "ringmaster" / "rank").mkdir(parents=True)
+    (tmp_path / "ringmaster" / "rank" / "termination.py").write_text("")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "worker.py").write_text(
+        "from ringmaster import rank\n"
+        "from ringmaster.rank import termination\n"
+        "from ringmaster.rank.session import Session\n"
+        "def late():\n"
+        "    import ringmaster.rank.driver\n"
+    )
+    assert rank_modules_used("trainer", tmp_path) == {
+        "ringmaster.rank.termination": "trainer/worker.py:2",
+        "ringmaster.rank.session": "trainer/worker.py:3",
+        "ringmaster.rank.driver": "trainer/worker.py:5",
+    }
+    assert documented_modules("`ringmaster.rank.session.Session`, `ringmaster/rank/x.py`") == {
+        "ringmaster.rank",
+        "ringmaster.rank.session",
+        "ringmaster.rank.session.Session",
+    }
 
 
 def test_the_check_catches_every_form_of_import(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ringmaster.logfmt import lines, parse_line, render
-from trainer.log import Log, read
+from ringmaster.rank.log import Log, read
 
 KEYS = st.from_regex(r"[a-z_][a-z0-9_]{0,11}", fullmatch=True)
 VALUES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)

@@ -34,7 +34,7 @@ def test_sigterm_leaves_the_termination_status_in_the_record(tmp_path: Path) -> 
         f"""
         import sys, time
         from pathlib import Path
-        from trainer import termination
+        from ringmaster.rank import termination
         termination.install()
         termination.record_exit_in(Path({str(record)!r}))
         print("ready", flush=True)

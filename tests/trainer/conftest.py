@@ -18,9 +18,9 @@ import pytest
 
 from proto.job import JobSpec
 from ringmaster.memory_store import remove_job_ram
+from ringmaster.rank.log import read
 from tests.trainer.zygote import Forked, Zygote
 from tests.waits import until
-from trainer.log import read
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,10 +26,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from proto.job import JobSpec
-from trainer import durable
+from ringmaster.rank import durable
+from ringmaster.rank.log import Log
 from trainer.build import build_model
 from trainer.engine import DDPEngine, Engine
-from trainer.log import Log
 from trainer.presets import get_preset
 
 REPO = Path(__file__).resolve().parents[2]

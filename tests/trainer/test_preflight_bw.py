@@ -15,9 +15,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from proto.progress import BandwidthChecked
+from ringmaster.rank.log import Log
 from tests.trainer.conftest import free_port
 from trainer import preflight_bw
-from trainer.log import Log
 
 
 def _rank(rank: int, world: int, local: int, port: int, env: dict[str, str], out: str) -> None:

@@ -27,9 +27,9 @@ from proto.progress import (
     StepDone,
 )
 from ringmaster.memory_store import remove_job_ram
+from ringmaster.rank.fake_agent import FakeAgent
 from tests.trainer.conftest import REPO, free_port
 from tests.trainer.zygote import run
-from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
 LOOP = str(REPO / "examples" / "rank_api_loop.py")

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from proto.job import JobSpec
+from ringmaster.rank.log import Log, read
 from trainer.batch_size import choose_micro_batch, forward_backward, largest_fitting
-from trainer.log import Log, read
 from trainer.model import GPT
 from trainer.presets import get_preset
 

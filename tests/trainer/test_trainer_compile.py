@@ -14,7 +14,7 @@ import pytest
 
 from proto.job import JobSpec
 from proto.progress import StepDone
-from trainer.fake_agent import FakeAgent
+from ringmaster.rank.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
 

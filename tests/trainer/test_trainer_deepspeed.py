@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from proto.job import JobSpec
-from trainer import durable
+from ringmaster.rank import durable
 
 pytestmark = pytest.mark.slow
 MakeSpec = Callable[..., JobSpec]

@@ -31,7 +31,7 @@ def _rank(rank: int, out: str) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         from proto.job import TrainSection
-        from trainer.checkpoint import Written
+        from ringmaster.rank.checkpoint import Written
         from trainer.engine import DDPEngine
         from trainer.engine_deepspeed import DeepSpeedEngine
         from trainer.engine_fsdp import FSDPEngine

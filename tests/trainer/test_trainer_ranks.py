@@ -16,12 +16,12 @@ from dcp_files import read_dcp
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from ringmaster.procs import wait_until
+from ringmaster.rank import durable
+from ringmaster.rank.checkpoint import default_staging_dir
+from ringmaster.rank.coordination import Coordination, find_resumable, load_file
+from ringmaster.rank.dcp_async import DcpState
+from ringmaster.rank.fake_agent import FakeAgent
 from tests.waits import until
-from trainer import durable
-from trainer.checkpoint import default_staging_dir
-from trainer.coordination import Coordination, find_resumable, load_file
-from trainer.dcp_async import DcpState
-from trainer.fake_agent import FakeAgent
 from trainer.flops import model_flops_per_token
 from trainer.presets import get_preset
 

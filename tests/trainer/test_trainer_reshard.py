@@ -16,7 +16,7 @@ import torch
 from dcp_files import read_dcp
 
 from proto.job import JobSpec
-from trainer import durable
+from ringmaster.rank import durable
 
 MakeSpec = Callable[..., JobSpec]
 

@@ -16,9 +16,9 @@ import pytest
 from proto.faults import SimKnobs
 from proto.job import JobSpec
 from proto.progress import Checkpointed, Finished, Rewound, StepDone, Stragglers
+from ringmaster.rank.coordination import load_file
+from ringmaster.rank.fake_agent import FakeAgent
 from ringmaster.rundir import SIM_KNOBS_ENV
-from trainer.coordination import load_file
-from trainer.fake_agent import FakeAgent
 
 pytestmark = pytest.mark.slow
 MakeSpec = Callable[..., JobSpec]

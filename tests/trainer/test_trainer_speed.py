@@ -14,13 +14,13 @@ import torch
 import torch._inductor.config as inductor_config
 
 from proto.job import JobSpec, TrainSection
+from ringmaster.rank.log import Log, read
 from trainer import compile as regional
 from trainer.batch_size import choose_micro_batch, forward_backward
 from trainer.build import activation_checkpointing, build_model
 from trainer.engine_deepspeed import ds_config
 from trainer.flops import Mfu, device_peak, model_flops_per_token, peak_bf16_flops
 from trainer.fp8_auto import Choice, choose, plan
-from trainer.log import Log, read
 from trainer.model import GPT, Block, count_params, lm_loss
 from trainer.precision import apply_precision
 from trainer.presets import NOMINAL_PARAMS, PRESETS, get_preset, param_count

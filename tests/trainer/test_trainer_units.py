@@ -15,9 +15,9 @@ import torch
 
 from proto.job import JobSpec
 from proto.progress import ControlWord
-from trainer.control import Action, Decision, fold
+from ringmaster.rank.control import Action, Decision, fold
+from ringmaster.rank.launch import SpecError, read_launch, torch_threads
 from trainer.data import Batches, Layout, sample_ids, synthetic_sample
-from trainer.launch import SpecError, read_launch, torch_threads
 from trainer.model import GPT
 from trainer.precision import apply_precision, count_float8_linears
 from trainer.presets import PRESETS, get_preset
@@ -214,7 +214,7 @@ def test_fp8_runs_bf16_around_the_float8_linears_on_cuda_only() -> None:
 def test_replicated_share_deals_every_parameter_to_one_rank_with_its_optimizer_state() -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from trainer.dcp_async import replicated_share
+    from ringmaster.rank.dcp_async import replicated_share
 
     model = GPT(get_preset("tiny"))
     optimizer = torch.optim.AdamW(model.parameters())

@@ -22,7 +22,7 @@ import reshard_probe
 import torch
 
 from proto.job import JobSpec
-from trainer import durable
+from ringmaster.rank import durable
 from trainer.engine_deepspeed import UNIVERSAL
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 
 from proto.job import JobSpec
 from proto.warm import LISTEN_FD_ENV, ORPHAN_S_ENV, READY, STARTED, WarmLaunch
-from trainer.checkpoint import default_staging_dir
+from ringmaster.rank.checkpoint import default_staging_dir
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import os
 import torch
 
 from ringmaster.checkpoints import FileEntry, Manifest
-from trainer.memory_tier import (
+from ringmaster.rank.memory_tier import (
     COST_BUDGET,
     COST_TARGET,
     Cadence,

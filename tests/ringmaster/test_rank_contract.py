@@ -16,10 +16,10 @@ import pytest
 from proto.commands import CheckpointNow, Pause, Resume, Stop
 from proto.progress import ControlAction, ControlWord
 from ringmaster import rank_env
+from ringmaster.rank.control import Action, fold
 from ringmaster.rank.driver import AGREE_EVERY_S, agreement_every
-from trainer.control import Action, fold
-from trainer.launch import SpecError, read_launch
-from trainer.log import Log, read
+from ringmaster.rank.launch import SpecError, read_launch
+from ringmaster.rank.log import Log, read
 
 
 def test_the_trainer_codes_every_action_but_checkpoint_from_the_contract() -> None:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from test_trainer_deepspeed import MakeSpec, checkpoint_tensors
 
 from proto.job import memory_store_name
 from ringmaster.memory_store import MemoryStore
 from ringmaster.procs import wait_until
+from tests.trainer.test_trainer_deepspeed import MakeSpec, checkpoint_tensors
 
 pytestmark = pytest.mark.slow
 

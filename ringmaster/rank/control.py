@@ -13,8 +13,9 @@ A user's loop, whose collectives are its own, takes one small all-reduce per ste
 rank API's gloo group (:meth:`StepControl.agree`), which also checks that every rank is at
 the same step; it runs in the background during the next step, whose boundary acts on it.
 The same sum carries what every rank must judge alike or rank 0 must see from all:
-rank 0's global gradient norm (:mod:`trainer.numeric`) and each rank's compute seconds in
-its own slot (:mod:`trainer.probe`). Summed, a slot only one rank fills arrives intact.
+rank 0's global gradient norm and each rank's compute seconds in its own slot (the
+built-in trainer judges them: :mod:`trainer.numeric`, :mod:`trainer.probe`). Summed, a
+slot only one rank fills arrives intact.
 
 While paused, rank 0 waits up to :data:`PAUSE_POLL_S` for a word and every rank joins a
 sum at that cadence. No rank ever sits in a collective for longer than that (well
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from proto.progress import ControlAction, ControlWord
-from trainer.agent_link import AgentLink
+from ringmaster.rank.agent_link import AgentLink
 
 PAUSE_POLL_S = 0.2
 
@@ -61,7 +62,7 @@ class Decision:
     action: Action = Action.NONE
     checkpoint: bool = False
     seq: int = 0  # seq of the newest word folded in (for logs)
-    notice: bool = False  # some rank got a notice (SIGTERM, trainer.termination)
+    notice: bool = False  # some rank got a notice (SIGTERM, ringmaster.rank.termination)
 
 
 NOTHING = Decision()
@@ -108,7 +109,7 @@ class StepControl:
     """The per-boundary exchange. ``enabled=False`` carries no control word at all (no fold,
     no broadcast): only the benchmark uses it, to measure what the word costs. ``group``:
     the process group the word travels on (None: the default group); ``notice``: whether
-    this rank got a notice (:func:`trainer.termination.noticed`), carried by every rank."""
+    this rank got a notice (:func:`ringmaster.rank.termination.noticed`), carried by every rank."""
 
     def __init__(
         self,

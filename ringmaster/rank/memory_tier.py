@@ -33,9 +33,9 @@ import torch
 
 from ringmaster.checkpoints import FileEntry, Manifest
 from ringmaster.memory_store import MemoryStore, node_store
-from trainer import durable
-from trainer.coordination import Coordination, Figures
-from trainer.file_transfer import send_recv
+from ringmaster.rank import durable
+from ringmaster.rank.coordination import Coordination, Figures
+from ringmaster.rank.file_transfer import send_recv
 
 # The snapshot's share of step time the automatic cadence keeps under (the job file's
 # promise), and the share it aims at: below the budget by the cost a rank cannot see of

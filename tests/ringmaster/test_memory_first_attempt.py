@@ -12,8 +12,8 @@ import pytest
 
 from ringmaster.checkpoints import step_dir_name
 from ringmaster.memory_store import SHM, memory_store_name, node_store
-from trainer import memory_tier
-from trainer.coordination import Coordination
+from ringmaster.rank import memory_tier
+from ringmaster.rank.coordination import Coordination
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ was seen to crash the rank with SIGSEGV. This thread holds the GIL while it form
 no frame changes under it. It needs the GIL to be free, which it is while the main thread
 waits in a collective or sleeps; a rank wedged in C code holding the GIL answers nothing
 here, and the agent then falls back to ``faulthandler`` on
-``ringmaster.rundir.STACKS_SIGNAL`` (registered by :mod:`trainer.worker`), which is safe
-in that case since no other thread can run.
+``ringmaster.rundir.STACKS_SIGNAL`` (which the rank registers beside this thread: the rank
+API's driver, the built-in trainer's worker), safe in that case since no other thread can
+run.
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ from proto.progress import Checkpointed, Finished, Paused, Resumed, StepDone
 from ringmaster import rankbeat
 from ringmaster.clock import EPOCH, ManualClock
 from ringmaster.procs import wait_until
+from ringmaster.rank.beat import Beat
+from ringmaster.rank.fake_agent import FakeAgent
 from ringmaster.rankbeat import CHECKPOINT, DONE, PAUSED, STARTUP, TRAINING, Phase
 from ringmaster.rundir import STACKS_SIGNAL
 from tests.trainer.conftest import Launcher
 from tests.waits import until
-from trainer.beat import Beat
-from trainer.fake_agent import FakeAgent
 
 
 def written(path: Path, phase: Phase, timeout: float = 10.0) -> None:

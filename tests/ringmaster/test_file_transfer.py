@@ -16,7 +16,7 @@ RANK = textwrap.dedent(
     import json, sys
     from pathlib import Path
     import torch.distributed as dist
-    from trainer.file_transfer import share_from_rank0
+    from ringmaster.rank.file_transfer import share_from_rank0
 
     rank, store, root, out = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)

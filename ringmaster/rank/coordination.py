@@ -1,18 +1,21 @@
 """How the ranks of a checkpoint talk, and how a resume finds the newest checkpoint every
-rank can use. Shared by the durable tier (:mod:`trainer.checkpoint`) and the memory tier
-(:mod:`trainer.memory_tier`)."""
+rank can use. Shared by the durable tier (:mod:`ringmaster.rank.checkpoint`) and the memory tier
+(:mod:`ringmaster.rank.memory_tier`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from trainer import durable
+from ringmaster.rank import durable
+from ringmaster.rank.thread_cpu import started_by
 
 
 @dataclass
@@ -22,7 +25,15 @@ class Coordination:
     rank: int = 0
     world_size: int = 1
     group: dist.ProcessGroup | None = None
-    threads: frozenset[int] = frozenset()  # the group's own threads (trainer.thread_cpu)
+    threads: frozenset[int] = frozenset()  # the group's own threads (ringmaster.rank.thread_cpu)
+
+    @classmethod
+    def over_gloo(cls, timeout: timedelta | None = None) -> Coordination:
+        """Every rank of the default process group, on a new gloo group of their own
+        (every rank makes it at the same point); the threads it started are kept, as the
+        memory tier counts their CPU time."""
+        group, threads = started_by(partial(dist.new_group, backend="gloo", timeout=timeout))
+        return cls(dist.get_rank(), dist.get_world_size(), group, threads)
 
     def all_gather(self, item: Any) -> list[Any]:
         if self.world_size == 1:
@@ -49,7 +60,7 @@ class Coordination:
 @dataclass(frozen=True)
 class Figures:
     """What each rank says of a snapshot in the gather that seals it; the memory tier's
-    cadence and room check read every rank's (:class:`trainer.memory_tier.Cadence`)."""
+    cadence and room check read every rank's (:class:`ringmaster.rank.memory_tier.Cadence`)."""
 
     entries: dict[str, durable.FileEntry] | None  # None: this rank failed to write
     stall_s: float = 0.0  # the loop was blocked this long

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from proto.progress import Finished, StepDone
-from trainer.agent_link import AgentLink
-from trainer.fake_agent import FakeAgent
+from ringmaster.rank.agent_link import AgentLink
+from ringmaster.rank.fake_agent import FakeAgent
 
 
 def test_progress_and_control_words_flow(tmp_path: Path) -> None:

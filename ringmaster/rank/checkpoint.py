@@ -2,7 +2,7 @@
 thread serialises it and makes it durable.
 
 Snapshot (the only part the training loop waits for): each rank copies its model and
-optimizer tensors into host buffers (:class:`trainer.host_buffers.HostBuffers`, or DCP's
+optimizer tensors into host buffers (:class:`ringmaster.rank.host_buffers.HostBuffers`, or DCP's
 stager) that are allocated in the background early in the run and reused by every
 checkpoint (on CUDA: pinned memory, non-blocking copies, one synchronize per device), and
 captures its step and RNG (the data position is a pure function of the step). The result
@@ -11,14 +11,14 @@ cannot touch. An engine that must write files itself may also write them into th
 staging dir (``/dev/shm`` by default) during the snapshot; nothing else is written there.
 
 Persist, in one background thread per rank: serialise each snapshot object into the
-step dir of the job's memory tier when it has one (:mod:`trainer.memory_tier`: RAM on this
+step dir of the job's memory tier when it has one (:mod:`ringmaster.rank.memory_tier`: RAM on this
 node, copied to a buddy rank's node), else straight into ``<dir>/step-<N>/``, copying any
 staged files there (hashed while writing), or wait for the files an engine writes there
 itself (:class:`Written`: DCP); for a durable checkpoint with a memory tier, copy the
 files from RAM into ``<dir>/step-<N>/`` (fsynced). Then gather every rank's file list with
 sha256 and sizes over a dedicated gloo group; the memory tier seals its step once the
 buddy copies are made, and for a durable checkpoint rank 0 writes the manifest and moves
-``latest`` (:func:`trainer.durable.commit`) only if every rank succeeded, prunes old
+``latest`` (:func:`ringmaster.rank.durable.commit`) only if every rank succeeded, prunes old
 checkpoints and reports the checkpoint. A separate process group keeps these collectives
 from interleaving with the training loop's. One persist at a time: the next snapshot
 waits for the previous persist (it reuses its buffers), and that wait counts as stall.
@@ -27,7 +27,7 @@ a step already in memory only copies it. Stalls and the background's time are re
 the checkpointer's clock: they are reported, and the memory tier plans its cadence on
 them.
 
-Resume (:mod:`trainer.coordination`): every rank checks the files it needs in each
+Resume (:mod:`ringmaster.rank.coordination`): every rank checks the files it needs in each
 candidate (``latest`` first, then older) against the manifest, and the ranks agree
 (all-reduce MIN) on the newest one valid for all of them, so a partial or corrupt
 checkpoint is never loaded and no two ranks load different steps.
@@ -51,12 +51,12 @@ import torch
 
 from proto.job import shm_staging_name
 from ringmaster.clock import SYSTEM, Clock
-from trainer import durable, thread_cpu
-from trainer.coordination import Coordination, Figures
-from trainer.host_buffers import HostBuffers as HostBuffers  # re-exported for the benches
+from ringmaster.rank import durable, thread_cpu
+from ringmaster.rank.coordination import Coordination, Figures
+from ringmaster.rank.host_buffers import HostBuffers as HostBuffers  # re-exported for the benches
 
 if TYPE_CHECKING:
-    from trainer.memory_tier import MemoryTier
+    from ringmaster.rank.memory_tier import MemoryTier
 
 OnDurable = Callable[[int, Path, float], None]
 

@@ -1,6 +1,6 @@
-"""The worker's launch contract: torchrun's environment plus Ringmaster's additions.
+"""A rank's launch contract: torchrun's environment plus Ringmaster's additions.
 
-The worker reads exactly what ``torchrun`` sets (RANK, LOCAL_RANK, WORLD_SIZE,
+A rank reads exactly what ``torchrun`` sets (RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so the same job runs unchanged under plain
 torchrun (for a benchmark, say) or under a node agent, which adds:
 
@@ -9,15 +9,16 @@ torchrun (for a benchmark, say) or under a node agent, which adds:
   directory; relative paths in the spec resolve against it).
 * ``RINGMASTER_CONTROL_SOCKET``: the agent's Unix socket; rank 0 alone connects to it.
 * ``RINGMASTER_ATTEMPT``: the job attempt the rank was launched for (default 0: none),
-  stamped on every line it logs (:mod:`trainer.log`).
+  stamped on every line it logs (:mod:`ringmaster.rank.log`).
 
 The names are :mod:`ringmaster.rank_env`'s, which the agent sets from too.
 
 Beside the job spec the agent wrote, the rank leaves its beat and, as it exits, its exit
 record (:func:`exit_record`): how an agent that did not start it learns its exit status.
 
-Every problem found here is a :class:`SpecError`, which the worker prints as one line and
-exits 2 for, before any rank joins the process group.
+Every problem found here is a :class:`SpecError`, which the built-in worker prints as one
+line and exits 2 for, before any rank joins the process group (the rank API raises it as
+its own error).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def load_spec(env: Mapping[str, str], argv: Sequence[str]) -> JobSpec:
 
 
 def read_launch(env: Mapping[str, str], argv: Sequence[str]) -> Launch:
-    """Everything the worker needs from its environment and command line, validated."""
+    """Everything a rank needs from its environment and command line, validated."""
     spec = load_spec(env, argv)
     world_size = _int_env(env, "WORLD_SIZE", 1)
     rank = _int_env(env, "RANK", 0)

@@ -27,7 +27,7 @@ def _rank(rank: int, port: int, out: str) -> None:
         from torch.distributed.fsdp import fully_shard
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        from trainer.dcp_async import async_save, plain_state
+        from ringmaster.rank.dcp_async import async_save, plain_state
 
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))

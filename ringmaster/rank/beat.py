@@ -7,7 +7,7 @@ collective, so the beat goes on while the rank waits for a peer. A beat that fal
 while the process exists therefore means the process itself is stopped or wedged (holding
 the GIL in C code), while a beat that goes on without new steps means the rank waits (in a
 collective, as a victim of a peer, or in its own code, as the culprit) — which the agent
-tells apart from the rank's stacks (:mod:`trainer.stacks`).
+tells apart from the rank's stacks (:mod:`ringmaster.rank.stacks`).
 
 The training loop reports completed steps (with their time) and phase changes; phases
 that legitimately make no step progress — start-up, checkpoints, pauses, the end — are

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent.hangwatch import main_frames, threads
+from ringmaster.rank import stacks
 from tests.waits import until
-from trainer import stacks
 
 
 def _parked(started: threading.Event, release: threading.Event) -> None:

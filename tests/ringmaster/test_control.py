@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from proto.progress import ControlWord
-from trainer.agent_link import AgentLink
-from trainer.control import UNKNOWN_NORM, StepControl
+from ringmaster.rank.agent_link import AgentLink
+from ringmaster.rank.control import UNKNOWN_NORM, StepControl
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ Three things go wrong without this module:
   swaps each wrapper for the plain tensor it wraps, sharing storage, before saving.
 * ``async_save`` runs its collectives in its own thread while training takes its own on the
   job's group; on GPU that group is NCCL, which cannot carry a CPU-side save. Saves and
-  loads run on the separate gloo group :class:`trainer.checkpoint.Coordination` holds.
+  loads run on the separate gloo group :class:`ringmaster.rank.checkpoint.Coordination` holds.
 * ``async_save`` without a stager builds a new one, so new host buffers, every time.
 
 The stager keeps one host copy per source tensor storage, created the first time it
@@ -49,8 +49,8 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainer import durable
-from trainer.checkpoint import Written
+from ringmaster.rank import durable
+from ringmaster.rank.checkpoint import Written
 
 DCP_DIR = "dcp"  # inside every step dir
 METADATA = ".metadata"  # DCP's index of the checkpoint, written by rank 0

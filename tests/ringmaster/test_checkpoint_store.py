@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ringmaster.clock import SYSTEM, Clock, ManualClock
-from trainer import durable
-from trainer.checkpoint import Checkpointer, HostBuffers, Stage, Written
-from trainer.coordination import Coordination, find_resumable, load_file
+from ringmaster.rank import durable
+from ringmaster.rank.checkpoint import Checkpointer, HostBuffers, Stage, Written
+from ringmaster.rank.coordination import Coordination, find_resumable, load_file
 
 
 def own_files(manifest: durable.Manifest) -> list[str]:
