@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from coordinator.embedded_nats import NatsServer, start_nats_server
+from tests.schedule import cost, deal
 from tests.trainer.zygote import Zygote
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow scenarios first, in their collected order: the workers then take the
-    long tests while there is room to balance them, and end together on the short ones,
-    instead of one worker finishing a minute-long test while the other waits."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The scenarios dealt to the workers so that they end together (tests/schedule.py)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = [item.get_closest_marker("slow") is not None for item in items]
+    items[:] = deal(items, [cost(item) for item in items], slow, workers)
 
 
 @pytest.fixture

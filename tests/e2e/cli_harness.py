@@ -8,6 +8,7 @@ where namespaces cannot be made)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import subprocess
@@ -50,6 +51,16 @@ def eventually(
         return wait_until(predicate, timeout, interval)
     except TimeoutError:
         raise AssertionError(failure()) from None
+
+
+def described(predicate: Callable[..., object]) -> str:
+    """A wait's predicate in words: its source line (a lambda's body), else its name."""
+    try:
+        source = " ".join(inspect.getsource(predicate).split())
+    except (OSError, TypeError):
+        return getattr(predicate, "__name__", repr(predicate))
+    body = source.split("lambda", 1)[-1].split(":", 1)[-1].strip() if "lambda" in source else source
+    return body.rstrip(",)") or source
 
 
 def netns_unavailable() -> str:
@@ -183,8 +194,11 @@ class Ctl:
         raise AssertionError(f"{what}: {error}")
 
     def wait(self, job: str, pred: Callable[[Status], bool], timeout: float = 200) -> Status:
-        """The job's status once ``pred`` holds; fails at once if the job ends otherwise."""
+        """The job's status once ``pred`` holds; fails at once if the job ends otherwise.
+        A failure says what was awaited (``pred``'s source), for how long, and the status
+        seen last; the scenario's report adds the cluster's recent events (conftest)."""
         last: Status = {}
+        awaited = described(pred)
 
         def reached() -> Status | None:
             nonlocal last
@@ -192,10 +206,18 @@ class Ctl:
             if pred(last):
                 return last
             if last["state"] in ENDED:
-                raise AssertionError(f"job ended {last['state']}: {last.get('reason')}")
+                raise AssertionError(
+                    f"job {job} ended {last['state']} ({last.get('reason')}) while waiting "
+                    f"for {awaited}"
+                )
             return None
 
-        return eventually(reached, timeout, lambda: f"timed out; last status {last}", 0.25)
+        return eventually(
+            reached,
+            timeout,
+            lambda: f"job {job}: {awaited} did not hold within {timeout:g} s; last status {last}",
+            0.25,
+        )
 
     def ranks(self, job: str) -> list[int]:
         """The PIDs of the job's running ranks on every node of this local cluster."""
@@ -239,7 +261,9 @@ def restarted(ctl: Ctl, job: str, count: int) -> Status:
         events = [e for e in ctl.events("--job", job) if e["kind"] == "job.restarted"]
         return events[count - 1] if len(events) >= count else None
 
-    return eventually(found, 120, lambda: f"no restart #{count}", 0.5)
+    return eventually(
+        found, 120, lambda: f"no restart #{count} of {job} within 120 s; {said(ctl, job)}", 0.5
+    )
 
 
 def first_event(ctl: Ctl, job: str, kind: str, after: float = 0.0, timeout: float = 120) -> Status:
@@ -251,7 +275,18 @@ def first_event(ctl: Ctl, job: str, kind: str, after: float = 0.0, timeout: floa
                 return e
         return None
 
-    return eventually(found, timeout, lambda: f"no {kind} after {after}", 0.5)
+    return eventually(
+        found,
+        timeout,
+        lambda: f"no {kind} of {job} after {after} within {timeout:g} s; {said(ctl, job)}",
+        0.5,
+    )
+
+
+def said(ctl: Ctl, job: str, last: int = 12) -> str:
+    """The job's newest events, kind and message: what a failed wait saw instead."""
+    events = ctl.events("--job", job)[-last:]
+    return "its last events: " + "; ".join(f"{e['kind']}: {e.get('message', '')}" for e in events)
 
 
 def _seconds(stamp: str) -> float:
