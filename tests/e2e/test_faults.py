@@ -95,8 +95,9 @@ def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: 
     assert not [e for e in ctl.events("--job", job) if e["kind"] == "job.failed"]
 
     # the ledger against the ranks' own account
-    ranks = truth(attempts(ctl.home, job), final["started_at"])
-    check_ledger(final, ranks)
+    runs = attempts(ctl.home, job)
+    check_ledger(final, runs, ctl.events("--job", job))
+    ranks = truth(runs, final["started_at"])
     assert ranks["paused"] > 0 and ranks["recovery"] > 0 and ranks["checkpoint_stall"] > 0
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_harness import EXAMPLES, Ctl, eventually, first_event, restarted
-from ledger_truth import attempts, check_ledger, truth
+from ledger_truth import attempts, check_ledger
 
 pytestmark = pytest.mark.slow
 MARK = "# ringmaster"
@@ -192,7 +192,7 @@ def test_a_framework_loop_gets_every_reaction(ctl: Ctl, tmp_path: Path, script: 
     assert script.saved(out, final["step"]), f"no checkpoint of step {final['step']}"
 
     # the ledger against the ranks' own account
-    check_ledger(final, truth(attempts(ctl.home, job), final["started_at"]))
+    check_ledger(final, attempts(ctl.home, job), ctl.events("--job", job))
 
 
 @pytest.mark.timeout(600)
