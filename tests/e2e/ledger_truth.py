@@ -214,6 +214,7 @@ def check_ledger(final: Mapping[str, Any], runs: list[Attempt], events: list[Any
     off = {b: ledger[b] - seconds for b, seconds in ranks.items()}
     table = ", ".join(f"{b} {ledger[b]:.2f} vs {ranks[b]:.2f}" for b in ranks)
     said = f"wall {wall:.1f} s: {table}; tolerance: {bounds}"
+    print(f"ledger against the ranks' account: {said}")
     exact = {b: d for b, d in off.items() if b not in ("productive", "lost_work")}
     exact["training"] = off["productive"] + off["lost_work"]
     assert all(abs(d) <= bounds.bucket_s for d in exact.values()), said
