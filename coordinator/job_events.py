@@ -12,10 +12,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from coordinator import actions, hang_verdict, job_machine, policy
-from coordinator.job_reconcile import Reconciler
 from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
 from coordinator.network_culprit import suspects
-from coordinator.reconcile import peers_stepped_on
+from coordinator.reconcile import hosts_rank, peers_stepped_on
 from coordinator.recovery import Stopper
 from coordinator.registry import Registry
 from proto.conditions import Severity
@@ -31,7 +30,6 @@ class EventInputs:
     jobs: dict[str, JobRecord]
     publish: Callable[[EventBase], Awaitable[None]]
     registry: Registry
-    reconciler: Reconciler
     stopper: Stopper
     clock: Clock
     _dirty: set[str]
@@ -55,7 +53,7 @@ class EventInputs:
                     job, event.node, event.deadline.timestamp() - self.clock.time()
                 )
             if isinstance(event, WorkerExited | WorkerHung) and event.job == job.id:
-                if not self.reconciler.speaks_for(job, event):
+                if not speaks_for(job, event):
                     continue
                 self._record(job, event)
             elif isinstance(event, WorkerExited | WorkerHung):
@@ -190,3 +188,11 @@ class EventInputs:
         if self._stepped_at.get(job.id, -1e18) > overdue:
             return True
         return peers_stepped_on(job, self.registry.nodes, node.id)
+
+
+def speaks_for(job: JobRecord, event: WorkerExited | WorkerHung) -> bool:
+    """Only the node hosting a rank in the current attempt speaks for it, and an exit
+    counts once (a repeated or a reconciled one is the same fact)."""
+    if not hosts_rank(job, event.node or "", event.rank, event.attempt):
+        return False
+    return not (isinstance(event, WorkerExited) and str(event.rank) in job.exited_ranks)

@@ -56,9 +56,10 @@ from proto.events import (
     JobRecovering,
     JobStopped,
     JobUnheeded,
+    WorkerExited,
 )
 from proto.job import JobRecord, JobState
-from proto.node import NodeState
+from proto.node import NodeState, RankReport
 from proto.progress import Reaction
 from ringmaster.clock import SYSTEM, Clock
 
@@ -89,7 +90,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         self.jobs: dict[str, JobRecord] = {}
         self.launcher = Launcher(commander, registry, publish, self.save, clock)
         self.stopper = Stopper(commander, registry, clock)
-        self.reconciler = Reconciler(self)
+        self.reconciler = Reconciler(registry, self.launcher, clock)
         self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
         self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
         self._slow_window: dict[tuple[str, int], set[int]] = {}  # ranks slow, last window
@@ -318,7 +319,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
 
     async def tick(self) -> None:
         now = self.clock.time()
-        await self.reconciler.reconcile()
+        await self.reconciler.reconcile(self.jobs, self)
         self.vouch_for_away_nodes()
         for job, away in self._awaited.ready(self.jobs, self.clock.monotonic(), self._decidable):
             node = self.registry.nodes.get(away.node or "")
@@ -353,6 +354,15 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                 for action in progress_policy.overdue(job):
                     await self.apply(job, action)
         await self.flush()
+
+    async def missed_exit(self, event: WorkerExited) -> None:
+        """An exit reconciliation found: published, then taken as the agent's own."""
+        await self.publish(event)
+        await self.on_event(event)
+
+    def stop_orphan(self, node: str, report: RankReport, why: str) -> None:
+        kill = self.stopper.kill(report.job, [node], why, attempt=report.attempt)
+        self.spawn(report.job, f"orphan:{node}", kill)
 
     async def start_pending(self, job: JobRecord) -> None:
         """One try at starting the job's next attempt. A relaunch re-applies the pause
