@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from coordinator import actions, hang_verdict, job_machine, policy
-from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
+from coordinator.job_table import JobTable
+from coordinator.loss_verdict import evidence_at
 from coordinator.network_culprit import suspects
 from coordinator.reconcile import hosts_rank, peers_stepped_on
 from coordinator.recovery import Stopper
@@ -32,10 +33,7 @@ class EventInputs:
     registry: Registry
     stopper: Stopper
     clock: Clock
-    _dirty: set[str]
-    _stepped_at: dict[str, float]  # monotonic time of each job's newest step
-    _exited_at: dict[tuple[str, int], float]  # (job, attempt): its first rank's exit
-    _awaited: AwaitedVerdicts
+    table: JobTable
 
     async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
         raise NotImplementedError
@@ -84,10 +82,10 @@ class EventInputs:
         node = self.registry.nodes.get(event.node or "")
         if node is None or node.id not in job.nodes or job.state not in job_machine.LIVE:
             return False
-        due = evidence_at(self._stepped_at.get(job.id), job.step_s)
+        due = evidence_at(self.table.books(job.id).stepped_at, job.step_s)
         if due is None or self._decidable(job, event, due):
             return False
-        self._awaited.wait(job, event, due, self.clock.monotonic())
+        self.table.awaited.wait(job, event, due, self.clock.monotonic())
         log.info(
             "node silent; its verdict waits for its peers' next beat", job=job.id, node=node.id
         )
@@ -105,7 +103,7 @@ class EventInputs:
             return False
         if hang_verdict.hold(job, event, self.clock.time() + wait + hang_verdict.SLACK_S):
             log.info("hang without a culprit; its verdict waits for the network", job=job.id)
-            self._dirty.add(job.id)
+            self.table.changed(job)
         return True
 
     def _network_evidence(self, job: JobRecord) -> bool:
@@ -143,8 +141,10 @@ class EventInputs:
         else:
             code = event.exit_code if event.exit_code is not None else -(event.signal or 255)
             job.exited_ranks[str(event.rank)] = code
-            self._exited_at.setdefault((job.id, job.attempt), self.clock.monotonic())
-        self._dirty.add(job.id)
+            books = self.table.books(job.id).attempt(job.attempt)
+            if books.first_exit_at is None:
+                books.first_exit_at = self.clock.monotonic()
+        self.table.changed(job)
 
     @staticmethod
     def _failed_rank(job: JobRecord, event: EventBase) -> bool:
@@ -185,7 +185,8 @@ class EventInputs:
         if node is None:
             return False
         overdue = node.beat_seen + 1.5 * node.interval_s
-        if self._stepped_at.get(job.id, -1e18) > overdue:
+        stepped_at = self.table.books(job.id).stepped_at
+        if stepped_at is not None and stepped_at > overdue:
             return True
         return peers_stepped_on(job, self.registry.nodes, node.id)
 

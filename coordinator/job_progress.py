@@ -18,6 +18,7 @@ from coordinator.goodput import (
     stepped,
     stepped_while_stopping,
 )
+from coordinator.job_table import JobTable
 from proto.events import (
     EventBase,
     JobAtRisk,
@@ -52,12 +53,7 @@ class ProgressInputs:
     jobs: dict[str, JobRecord]
     publish: Callable[[EventBase], Awaitable[None]]
     clock: Clock
-    _dirty: set[str]
-    _stepped_at: dict[str, float]  # monotonic time of each job's newest step
-    _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
-    _slow_window: dict[tuple[str, int], set[int]]  # ranks slow in the attempt's last window
-    _checkpoint_began: dict[str, tuple[int, float]]  # periodic checkpoint: step, monotonic
-    _stamped: dict[str, tuple[int, float]]  # each job's newest step and its stamp
+    table: JobTable
 
     async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
         raise NotImplementedError
@@ -95,11 +91,12 @@ class ProgressInputs:
             now = self.clock.time()
             at = stamp(msg.time, now)
             stepped_while_stopping(job, msg.step, at, now, job.given_up.world_size)
-            self._dirty.add(job.id)
+            self.table.changed(job)
             return
         if not job.nodes or sender != job.nodes[0] or not msg.attempt or msg.attempt != job.attempt:
             return
-        self._dirty.add(job.id)
+        books = self.table.books(job.id)
+        books.dirty = True
         match msg:
             case LoopReady():
                 await self._loop_ready(job, msg)
@@ -112,18 +109,18 @@ class ProgressInputs:
                 elif job.phase is not None and job.phase.name == name:
                     job.phase = None
                     job.last_step_at = at  # the stall clock starts again where it ended
-                    self._stamped.pop(job.id, None)  # the phase is not a step's time
+                    books.stamped = None  # the phase is not a step's time
             case StepDone(step=step, loss=loss):
                 # productive wall time per step: between consecutive steps' stamps (their
                 # arrivals bunch up after a frozen bus or a leader change)
                 now = self.clock.time()
-                at, last = stamp(msg.time, now), self._stamped.get(job.id)
+                at, last = stamp(msg.time, now), books.stamped
                 between = at - last[1] if last and last[0] == step - 1 else None
-                self._stamped[job.id] = (step, at)
+                books.stamped = (step, at)
                 observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
-                self._stepped_at[job.id] = self.clock.monotonic()
+                books.stepped_at = self.clock.monotonic()
                 if step % job.spec.checkpoint.every_steps == 0:
-                    self._checkpoint_began[job.id] = (step, self.clock.monotonic())
+                    books.checkpoint_began = (step, self.clock.monotonic())
                 if job.state is JobState.STARTING:
                     began_training(job, at, now)
                 elif job.last_step_at is None or job.last_step_at < (job.attempt_started_at or 0):
@@ -151,7 +148,7 @@ class ProgressInputs:
                 if msg.durable_step is not None:
                     await self._durable_reported(job, msg.durable_step, step)
             case Paused(step=step):
-                self._stamped.pop(job.id, None)  # the pause is not a step's time
+                books.stamped = None  # the pause is not a step's time
                 if job_machine.fire(job, job_machine.Input.PAUSED) is None:
                     return
                 job.step = max(job.step, step)
@@ -164,7 +161,7 @@ class ProgressInputs:
                 await self.publish(JobResumed(job=job.id, step=step, message=f"step {step}"))
             case Checkpointed(step=step, path=path, stall_s=stall):
                 job.last_checkpoint_step = step
-                began = self._checkpoint_began.pop(job.id, None)
+                began, books.checkpoint_began = books.checkpoint_began, None
                 if began is not None and began[0] == step:
                     job.checkpoint_s = self.clock.monotonic() - began[1]
                     await self._at_risk_ahead(job)
@@ -189,11 +186,9 @@ class ProgressInputs:
             case Rewound():
                 await self._rewound(job, msg)
             case Stragglers():
-                key = (job.id, job.attempt)
-                reported = self._straggled.setdefault(key, set())
-                before = self._slow_window.get(key, set())
-                self._slow_window[key] = set(progress_policy.slow_ranks(job, msg))
-                for action in progress_policy.on_stragglers(job, msg, reported, before):
+                seen = books.attempt(job.attempt)
+                before, seen.slow = seen.slow, set(progress_policy.slow_ranks(job, msg))
+                for action in progress_policy.on_stragglers(job, msg, seen.straggled, before):
                     await self.apply(job, action)
 
     async def _durable_reported(self, job: JobRecord, durable: int, step: int) -> None:
@@ -278,7 +273,7 @@ class ProgressInputs:
             await self.apply(job, action)
 
     async def _straggler(self, job: JobRecord, found: actions.ReportStraggler) -> None:
-        self._straggled.setdefault((job.id, job.attempt), set()).add(found.rank)
+        self.table.books(job.id).attempt(job.attempt).straggled.add(found.rank)
         ratio = found.step_s / found.peer_median_s
         await self.publish(
             WorkerStraggler(

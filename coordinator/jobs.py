@@ -18,7 +18,6 @@ the pure modules, so a test's manual clock drives every decision at once.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -34,7 +33,7 @@ from coordinator import (
     policy,
     progress_policy,
 )
-from coordinator.cas import CasStore, Conflict
+from coordinator.cas import CasStore
 from coordinator.commander import CommandSender
 from coordinator.goodput import account, charge_detection
 from coordinator.job_api import OperatorInputs
@@ -42,9 +41,8 @@ from coordinator.job_events import EventInputs
 from coordinator.job_machine import Effect, Input
 from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
-from coordinator.jobstore import JobStore
+from coordinator.job_table import JobTable
 from coordinator.launch import Launcher
-from coordinator.loss_verdict import AwaitedVerdicts
 from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
 from proto.commands import CheckpointNow, Pause, Resume, ResyncClock
@@ -82,31 +80,22 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         publish: Publish,
         clock: Clock = SYSTEM,
     ) -> None:
-        self.store = JobStore(store)
+        self.table = JobTable(store, clock)
+        self.jobs = self.table.jobs
         self.cmd = commander
         self.registry = registry
         self.publish = publish
         self.clock = clock  # what every decision of the manager's (and its parts') reads
-        self.jobs: dict[str, JobRecord] = {}
-        self.launcher = Launcher(commander, registry, publish, self.save, clock)
+        self.launcher = Launcher(commander, registry, publish, self.table.save, clock)
         self.stopper = Stopper(commander, registry, clock)
         self.reconciler = Reconciler(registry, self.launcher, clock)
-        self._stepped_at: dict[str, float] = {}  # monotonic time of each job's newest step
-        self._straggled: dict[tuple[str, int], set[int]] = {}  # ranks reported per attempt
-        self._slow_window: dict[tuple[str, int], set[int]] = {}  # ranks slow, last window
-        self._checkpoint_began: dict[str, tuple[int, float]] = {}
-        self._stamped: dict[str, tuple[int, float]] = {}
-        self._dirty: set[str] = set()
-        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
-        self._exited_at: dict[tuple[str, int], float] = {}
-        self._awaited = AwaitedVerdicts()
 
     # -- persistence ------------------------------------------------------------------
 
     async def load(self) -> None:
         """Take over every job from the store (a new leader continues where the last
         was): stops that were under way are started again (they are idempotent)."""
-        self.jobs = await self.store.load()
+        await self.table.load()
         for job in self.jobs.values():
             if job.state is JobState.RECOVERING and job.stopping_attempt:
                 self._stop_attempt(job, job.reason or "restart", graceful=job.stop_graceful)
@@ -114,49 +103,22 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                 self.spawn(job.id, "stop", self._stop_job(job.id, job.reason))
 
     async def save(self, job: JobRecord) -> None:
-        """Compare-and-set; on a conflict the record another leader wrote replaces ours
-        and the conflict propagates, so nothing acts on the stale transition."""
-        job.updated_at = self.clock.time()
-        try:
-            await self.store.save(job)
-        except Conflict:
-            current = await self.store.read(job.id)
-            if current is not None:
-                self.jobs[job.id] = current
-            raise
-        self._dirty.discard(job.id)
+        await self.table.save(job)
 
     async def flush(self) -> None:
-        for job_id in list(self._dirty):
-            await self.save(self.jobs[job_id])
+        await self.table.flush()
 
     def spawn(self, job: str, what: str, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` as a task (one per job and kind), logging its failure."""
-
-        async def logged() -> None:
-            try:
-                await work
-            except Conflict:
-                log.warning("another leader holds the job now", job=job, task=what)
-            except Exception as exc:
-                log.error("job task failed", job=job, task=what, error=repr(exc))
-
-        self._tasks[(job, what)] = asyncio.create_task(logged(), name=f"{what}:{job}")
+        self.table.spawn(job, what, work)
 
     def busy(self, job: str, what: str) -> bool:
-        task = self._tasks.get((job, what))
-        return task is not None and not task.done()
+        return self.table.busy(job, what)
 
     def abandon(self) -> None:
-        """Leadership lost: what this leader had under way is its successor's now."""
-        for task in self._tasks.values():
-            task.cancel()
-        self._tasks.clear()
+        self.table.abandon()
 
     async def settle(self) -> None:
-        """Wait for every task in flight (tests, and a leader stepping down)."""
-        while pending := [t for t in self._tasks.values() if not t.done()]:
-            await asyncio.gather(*pending, return_exceptions=True)
+        await self.table.settle()
 
     # -- actions ----------------------------------------------------------------------
 
@@ -208,7 +170,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
                         message=f"{reason}: not {reaction}d, it trains on; {why}",
                     )
                 )
-        self._dirty.add(job.id)
+        self.table.changed(job)
 
     async def _restart(self, job: JobRecord, action: actions.RestartJob) -> None:
         """Give the attempt up: count a failure against the budget (failing the job when
@@ -321,7 +283,9 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         now = self.clock.time()
         await self.reconciler.reconcile(self.jobs, self)
         self.vouch_for_away_nodes()
-        for job, away in self._awaited.ready(self.jobs, self.clock.monotonic(), self._decidable):
+        for job, away in self.table.awaited.ready(
+            self.jobs, self.clock.monotonic(), self._decidable
+        ):
             node = self.registry.nodes.get(away.node or "")
             if node is not None and node.state is NodeState.AWAY:  # not beating again since
                 await self._decide(job, away)
@@ -331,7 +295,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
             if job.state.terminal:
                 continue
             account(job, now)
-            self._dirty.add(job.id)
+            self.table.changed(job)
             if job.state in (JobState.PENDING, JobState.RECOVERING):
                 if job.stopping_attempt or job.stopping:
                     continue  # its last attempt is still stopping
@@ -349,7 +313,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
             elif self._bounding_due(job, now):
                 job.bounding_checkpoint_at = now
                 await self._checkpoint(job, "bounding what a preemption notice can cost")
-            exited = self._exited_at.get((job.id, job.attempt))
+            exited = self.table.books(job.id).attempt(job.attempt).first_exit_at
             if exited is not None and self.clock.monotonic() - exited > OVERDUE_S:
                 for action in progress_policy.overdue(job):
                     await self.apply(job, action)
