@@ -29,7 +29,6 @@ from proto.events import (
     JobResumed,
     JobRewound,
     Severity,
-    WorkerStraggler,
 )
 from proto.job import JobRecord, JobState, LoopInfo, LoopPhase
 from proto.progress import (
@@ -271,26 +270,6 @@ class ProgressInputs:
         )
         for action in progress_policy.on_rewound(job, msg):
             await self.apply(job, action)
-
-    async def _straggler(self, job: JobRecord, found: actions.ReportStraggler) -> None:
-        self.table.books(job.id).attempt(job.attempt).straggled.add(found.rank)
-        ratio = found.step_s / found.peer_median_s
-        await self.publish(
-            WorkerStraggler(
-                job=job.id,
-                node=found.node,
-                severity=Severity.WARNING,
-                rank=found.rank,
-                attempt=job.attempt,
-                step=job.step,
-                step_s=found.step_s,
-                peer_median_s=found.peer_median_s,
-                ratio=ratio,
-                window_steps=job.spec.policy.straggler_window_steps,
-                message=f"rank {found.rank} on {found.node}: {found.step_s:.3f} s per step, "
-                f"{ratio:.1f}× its peers' median {found.peer_median_s:.3f} s",
-            )
-        )
 
 
 def _given_up_speaks(job: JobRecord, attempt: int, sender: str) -> bool:

@@ -28,37 +28,28 @@ from coordinator import (
     actions,
     exclusion,
     hang_verdict,
-    job_machine,
-    loop_support,
     policy,
     progress_policy,
 )
 from coordinator.cas import CasStore
 from coordinator.commander import CommandSender
-from coordinator.goodput import account, charge_detection
+from coordinator.goodput import account
 from coordinator.job_api import OperatorInputs
+from coordinator.job_effects import JobEffects
 from coordinator.job_events import EventInputs
-from coordinator.job_machine import Effect, Input
+from coordinator.job_machine import Input
 from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
 from coordinator.job_table import JobTable
 from coordinator.launch import Launcher
 from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
-from proto.commands import CheckpointNow, Pause, Resume, ResyncClock
-from proto.conditions import Severity
 from proto.events import (
     EventBase,
-    JobCompleted,
-    JobFailed,
-    JobRecovering,
-    JobStopped,
-    JobUnheeded,
     WorkerExited,
 )
 from proto.job import JobRecord, JobState
 from proto.node import NodeState, RankReport
-from proto.progress import Reaction
 from ringmaster.clock import SYSTEM, Clock
 
 log = structlog.get_logger()
@@ -89,6 +80,9 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         self.launcher = Launcher(commander, registry, publish, self.table.save, clock)
         self.stopper = Stopper(commander, registry, clock)
         self.reconciler = Reconciler(registry, self.launcher, clock)
+        self.effects = JobEffects(
+            self.table, commander, registry, publish, self.launcher, self.stopper, clock
+        )
 
     # -- persistence ------------------------------------------------------------------
 
@@ -97,10 +91,7 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
         was): stops that were under way are started again (they are idempotent)."""
         await self.table.load()
         for job in self.jobs.values():
-            if job.state is JobState.RECOVERING and job.stopping_attempt:
-                self._stop_attempt(job, job.reason or "restart", graceful=job.stop_graceful)
-            elif job.stopping and not job.state.terminal:
-                self.spawn(job.id, "stop", self._stop_job(job.id, job.reason))
+            self.effects.take_up(job)
 
     async def save(self, job: JobRecord) -> None:
         await self.table.save(job)
@@ -123,159 +114,13 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     # -- actions ----------------------------------------------------------------------
 
     async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
-        """Carry out one action; ``job`` is None for node actions outside any job."""
-        log.info("policy action", job=job.id if job else None, action=repr(action))
-        match action:
-            case actions.DeclareLost(node=node, reason=reason):
-                self.registry.declare_lost(node, reason)  # the leader's sweep says it
-            case actions.DrainNode(node=node, reason=reason):
-                self.registry.drain(node, reason)
-            case actions.ResyncNode(node=node, reason=reason):
-                await self._resync(node, reason)
-        if job is None:
-            return
-        match action:
-            case actions.PauseJob(reason=reason, reasons=reasons, send=send):
-                job.pause_reasons = list(reasons)
-                if send:
-                    await self.save(job)  # the reasons are on record before rank 0 acts
-                    await self._to_rank0(job, Pause(job=job.id, reason=reason))
-            case actions.ResumeJob(reason=reason, reasons=reasons, send=send):
-                job.pause_reasons = list(reasons)
-                if send:
-                    await self.save(job)
-                    await self._to_rank0(job, Resume(job=job.id, reason=reason))
-            case actions.CheckpointJob(reason=reason):
-                await self._checkpoint(job, reason)
-            case actions.RestartJob():
-                await self._restart(job, action)
-            case actions.ReportStraggler():
-                await self._straggler(job, action)
-            case actions.RefuseNode(node=node, reason=reason):
-                await self.launcher.explain(job, {node: reason})
-            case actions.FinishJob(state=state, reason=reason, requeue=requeue):
-                job.requeue = job.requeue or requeue  # a stop's own end keeps its word
-                await self.finish(job, state, reason)
-            case actions.Unheeded(key=key, opened=False):
-                job.unheeded = [k for k in job.unheeded if k != key]
-            case actions.Unheeded(key=key, reaction=reaction, reason=reason, why=why):
-                job.unheeded = [*job.unheeded, key]
-                await self.publish(
-                    JobUnheeded(
-                        job=job.id,
-                        severity=Severity.WARNING,
-                        condition_key=key,
-                        reaction=reaction,
-                        reason=reason,
-                        message=f"{reason}: not {reaction}d, it trains on; {why}",
-                    )
-                )
-        self.table.changed(job)
-
-    async def _restart(self, job: JobRecord, action: actions.RestartJob) -> None:
-        """Give the attempt up: count a failure against the budget (failing the job when
-        it repeats), leave out what the policy names, then stop the attempt as a task."""
-        if job.state not in job_machine.LIVE or job.stopping:
-            return
-        now = self.clock.time()
-        if action.failure is not None:
-            if (spent := job_machine.charge(job, action.failure, action.exclude)) is not None:
-                await self.finish(job, JobState.FAILED, f"{action.reason}; {spent}")
-                return
-            job.restarts += 1
-        for node in action.exclude:
-            started = (
-                self.registry.nodes[node].agent_started_at if node in self.registry.nodes else 0.0
-            )
-            exclusion.leave_out(job, node, action.reason, now, started)
-        charge_detection(job, now)
-        job.failed_at_step, job.reason, job.stop_graceful = job.step, action.reason, action.graceful
-        job_machine.fire(job, Input.FAULT)
-        await self.save(job)
-        await self.publish(
-            JobRecovering(
-                job=job.id,
-                severity=Severity.WARNING,
-                reason=action.reason,
-                restarts=job.restarts,
-                message=action.reason
-                + (" (checkpointing at the next step first)" if action.graceful else ""),
-            )
-        )
-        self._stop_attempt(job, action.reason, action.graceful)
-
-    def _stop_attempt(self, job: JobRecord, reason: str, graceful: bool) -> None:
-        job_id, nodes, attempt = job.id, list(job.nodes), job.stopping_attempt
-
-        async def stop() -> None:
-            await self.stopper.stop_attempt(job_id, nodes, attempt, reason, graceful)
-            current = self.jobs.get(job_id)
-            if current is not None and current.stopping_attempt == attempt:
-                job_machine.fire(current, Input.ATTEMPT_STOPPED)
-                await self.save(current)
-
-        self.spawn(job_id, "stop-attempt", stop())
-
-    async def _resync(self, node: str, reason: str) -> None:
-        """The agent steps its clock and reports ``clock.resynced`` with the offsets."""
-        log.info("resyncing clock", node=node, reason=reason)
-        reply = await self.cmd.send(node, ResyncClock(), timeout=60)
-        if not reply.ok:
-            log.warning("clock resync failed", node=node, error=reply.error)
+        await self.effects.apply(job, action)
 
     async def _checkpoint(self, job: JobRecord, reason: str) -> None:
-        if loop_support.lacking(job, Reaction.CHECKPOINT) is not None:
-            return  # its loop would never say it checkpointed: no state to wait in
-        if await self._to_rank0(job, CheckpointNow(job=job.id, reason=reason)):
-            job_machine.fire(job, Input.CHECKPOINT)
-
-    async def _to_rank0(self, job: JobRecord, cmd: Pause | Resume | CheckpointNow) -> bool:
-        if not job.nodes or job.state not in job_machine.LIVE:
-            return False
-        reply = await self.cmd.send(job.nodes[0], cmd)
-        if not reply.ok:
-            log.warning("command failed", job=job.id, node=job.nodes[0], error=reply.error)
-        return reply.ok
+        await self.effects.checkpoint(job, reason)
 
     async def _stop(self, job: JobRecord, reason: str) -> None:
-        job.reason = reason
-        row = job_machine.fire(job, Input.STOP)
-        if row is None:
-            return
-        if Effect.STOP_JOB not in row.effects:
-            await self._ended(job, row, reason)
-            return
-        await self.save(job)
-        self.spawn(job.id, "stop", self._stop_job(job.id, reason))
-
-    async def _stop_job(self, job_id: str, reason: str) -> None:
-        job = self.jobs[job_id]
-        at_boundary = loop_support.lacking(job, Reaction.PAUSE) is None
-        silent = await self.stopper.stop_job(job_id, list(job.nodes), reason, at_boundary)
-        job = self.jobs.get(job_id, job)
-        if not job.state.terminal:
-            why = reason + (f"; {', '.join(silent)} did not confirm the stop" if silent else "")
-            await self.finish(job, JobState.STOPPED, why)
-
-    async def finish(self, job: JobRecord, state: JobState, reason: str) -> None:
-        job.reason = reason
-        row = job_machine.fire(job, _END_INPUT[state])
-        if row is not None:
-            await self._ended(job, row, reason)
-
-    async def _ended(self, job: JobRecord, row: job_machine.Row, reason: str) -> None:
-        job.finished_at = self.clock.time()
-        await self.save(job)
-        if Effect.KILL_RANKS in row.effects and job.nodes:
-            self.spawn(job.id, "kill", self.stopper.kill(job.id, list(job.nodes), reason))
-        event: EventBase
-        if job.state is JobState.COMPLETED:
-            event = JobCompleted(job=job.id, step=job.step, message=reason)
-        elif job.state is JobState.STOPPED:
-            event = JobStopped(job=job.id, step=job.step, reason=reason, message=reason)
-        else:
-            event = JobFailed(job=job.id, severity=Severity.CRITICAL, reason=reason, message=reason)
-        await self.publish(event)
+        await self.effects.stop(job, reason)
 
     # -- periodic ---------------------------------------------------------------------
 
