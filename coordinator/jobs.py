@@ -28,6 +28,7 @@ from coordinator import (
     actions,
     exclusion,
     hang_verdict,
+    job_progress,
     policy,
     progress_policy,
 )
@@ -37,8 +38,6 @@ from coordinator.goodput import account
 from coordinator.job_api import OperatorInputs
 from coordinator.job_effects import JobEffects
 from coordinator.job_events import EventInputs
-from coordinator.job_machine import Input
-from coordinator.job_progress import ProgressInputs
 from coordinator.job_reconcile import Reconciler
 from coordinator.job_table import JobTable
 from coordinator.launch import Launcher
@@ -50,19 +49,15 @@ from proto.events import (
 )
 from proto.job import JobRecord, JobState
 from proto.node import NodeState, RankReport
+from proto.progress import Progress
 from ringmaster.clock import SYSTEM, Clock
 
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
 OVERDUE_S = 5.0  # clean exits without rank 0's final word: decided after this long
-_END_INPUT = {
-    JobState.COMPLETED: Input.COMPLETE,
-    JobState.FAILED: Input.FAIL,
-    JobState.STOPPED: Input.STOPPED,
-}
 
 
-class JobManager(OperatorInputs, EventInputs, ProgressInputs):
+class JobManager(OperatorInputs, EventInputs):
     def __init__(
         self,
         store: CasStore,
@@ -172,6 +167,15 @@ class JobManager(OperatorInputs, EventInputs, ProgressInputs):
     def stop_orphan(self, node: str, report: RankReport, why: str) -> None:
         kill = self.stopper.kill(report.job, [node], why, attempt=report.attempt)
         self.spawn(report.job, f"orphan:{node}", kill)
+
+    async def on_progress(self, msg: Progress, sender: str) -> None:
+        """Rank 0's word, from ``sender`` (the node its subject names)."""
+        job = self.jobs.get(msg.job)
+        if job is not None and not job.state.terminal:
+            books = self.table.books(job.id)
+            await self.effects.carry_out(
+                job, job_progress.take(job, books, msg, sender, self.clock)
+            )
 
     async def start_pending(self, job: JobRecord) -> None:
         """One try at starting the job's next attempt. A relaunch re-applies the pause
