@@ -37,7 +37,7 @@ from coordinator.commander import CommandSender
 from coordinator.goodput import account
 from coordinator.job_api import OperatorInputs
 from coordinator.job_effects import JobEffects
-from coordinator.job_events import EventInputs
+from coordinator.job_events import AgentEvents
 from coordinator.job_reconcile import Reconciler
 from coordinator.job_table import JobTable
 from coordinator.launch import Launcher
@@ -45,10 +45,11 @@ from coordinator.recovery import Stopper, grow_reason
 from coordinator.registry import Registry
 from proto.events import (
     EventBase,
+    NodeAway,
     WorkerExited,
 )
 from proto.job import JobRecord, JobState
-from proto.node import NodeState, RankReport
+from proto.node import RankReport
 from proto.progress import Progress
 from ringmaster.clock import SYSTEM, Clock
 
@@ -57,7 +58,7 @@ Publish = Callable[[EventBase], Awaitable[None]]
 OVERDUE_S = 5.0  # clean exits without rank 0's final word: decided after this long
 
 
-class JobManager(OperatorInputs, EventInputs):
+class JobManager(OperatorInputs):
     def __init__(
         self,
         store: CasStore,
@@ -78,6 +79,7 @@ class JobManager(OperatorInputs, EventInputs):
         self.effects = JobEffects(
             self.table, commander, registry, publish, self.launcher, self.stopper, clock
         )
+        self.events = AgentEvents(registry, self.stopper.unreachable, clock)
 
     # -- persistence ------------------------------------------------------------------
 
@@ -122,14 +124,13 @@ class JobManager(OperatorInputs, EventInputs):
     async def tick(self) -> None:
         now = self.clock.time()
         await self.reconciler.reconcile(self.jobs, self)
-        self.vouch_for_away_nodes()
-        for job, away in self.table.awaited.ready(
-            self.jobs, self.clock.monotonic(), self._decidable
-        ):
-            node = self.registry.nodes.get(away.node or "")
-            if node is not None and node.state is NodeState.AWAY:  # not beating again since
+        mono = self.clock.monotonic()
+        for job in self.jobs.values():
+            self.events.vouch_for_away_nodes(job, self.table.books(job.id), mono)
+        for job, away in self.table.awaited.ready(self.jobs, mono, self._decidable):
+            if self.events.still_away(away):  # not beating again since
                 await self._decide(job, away)
-        for job, hung in hang_verdict.ready(self.jobs, now, self._network_evidence):
+        for job, hung in hang_verdict.ready(self.jobs, now, self.events.network_evidence):
             await self._decide(job, hung)
         for job in list(self.jobs.values()):
             if job.state.terminal:
@@ -158,6 +159,24 @@ class JobManager(OperatorInputs, EventInputs):
                 for action in progress_policy.overdue(job):
                     await self.apply(job, action)
         await self.flush()
+
+    async def on_event(self, event: EventBase) -> None:
+        """One agent's event, its ``node`` already checked against the subject it came on
+        (the leader does that): what it asks of its node, then of each job in turn."""
+        for action in self.events.on_nodes(event):
+            await self.effects.apply(None, action)
+        for job in list(self.jobs.values()):
+            books = self.table.books(job.id)
+            outcomes = await self.events.take(job, books, self.table.awaited, event)
+            await self.effects.carry_out(job, outcomes)
+
+    async def _decide(self, job: JobRecord, event: EventBase) -> None:
+        """A verdict that waited for its evidence, given now."""
+        decided = await self.events.decide(job, self.table.books(job.id), event)
+        await self.effects.carry_out(job, decided)
+
+    def _decidable(self, job: JobRecord, event: NodeAway, due: float) -> bool:
+        return self.events.decidable(job, self.table.books(job.id), event, due)
 
     async def missed_exit(self, event: WorkerExited) -> None:
         """An exit reconciliation found: published, then taken as the agent's own."""
