@@ -33,8 +33,9 @@ class JobTable:
         self._books: dict[str, Books] = {}
 
     async def load(self) -> None:
-        """Every record the store holds replaces this leader's copy; the books stay (a
-        leader that leads again knows what it noted before)."""
+        """Every record the store holds replaces this leader's copy, in the one map the
+        table has for its life (the manager hands it out); the books stay (a leader that
+        leads again knows what it noted before)."""
         loaded = await self.store.load()
         self.jobs.clear()
         self.jobs.update(loaded)
