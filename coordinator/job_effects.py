@@ -65,6 +65,7 @@ class JobEffects:
         self.launcher, self.stopper, self.clock = launcher, stopper, clock
 
     async def carry_out(self, job: JobRecord, outcomes: Iterable[Outcome]) -> None:
+        """What a handler returned about ``job``, in its order."""
         for outcome in outcomes:
             if isinstance(outcome, EventBase):
                 await self.publish(outcome)
@@ -75,7 +76,7 @@ class JobEffects:
         """A record read from the store: a stop that was under way is started again (a
         stop is idempotent), its end the state machine's input as before."""
         if job.state is JobState.RECOVERING and job.stopping_attempt:
-            self.stop_attempt(job, job.reason or "restart", graceful=job.stop_graceful)
+            self._stop_attempt(job, job.reason or "restart", graceful=job.stop_graceful)
         elif job.stopping and not job.state.terminal:
             self.table.spawn(job.id, "stop", self._stop_job(job.id, job.reason))
 
@@ -112,7 +113,7 @@ class JobEffects:
                 await self.launcher.explain(job, {node: reason})
             case actions.FinishJob(state=state, reason=reason, requeue=requeue):
                 job.requeue = job.requeue or requeue  # a stop's own end keeps its word
-                await self.finish(job, state, reason)
+                await self._finish(job, state, reason)
             case actions.Unheeded(key=key, opened=False):
                 job.unheeded = [k for k in job.unheeded if k != key]
             case actions.Unheeded(key=key, reaction=reaction, reason=reason, why=why):
@@ -137,7 +138,7 @@ class JobEffects:
         now = self.clock.time()
         if action.failure is not None:
             if (spent := job_machine.charge(job, action.failure, action.exclude)) is not None:
-                await self.finish(job, JobState.FAILED, f"{action.reason}; {spent}")
+                await self._finish(job, JobState.FAILED, f"{action.reason}; {spent}")
                 return
             job.restarts += 1
         for node in action.exclude:
@@ -159,9 +160,9 @@ class JobEffects:
                 + (" (checkpointing at the next step first)" if action.graceful else ""),
             )
         )
-        self.stop_attempt(job, action.reason, action.graceful)
+        self._stop_attempt(job, action.reason, action.graceful)
 
-    def stop_attempt(self, job: JobRecord, reason: str, graceful: bool) -> None:
+    def _stop_attempt(self, job: JobRecord, reason: str, graceful: bool) -> None:
         job_id, nodes, attempt = job.id, list(job.nodes), job.stopping_attempt
 
         async def stop() -> None:
@@ -181,6 +182,7 @@ class JobEffects:
             log.warning("clock resync failed", node=node, error=reply.error)
 
     async def checkpoint(self, job: JobRecord, reason: str) -> None:
+        """Ask rank 0 for a checkpoint; the job is checkpointing once it accepted."""
         if loop_support.lacking(job, Reaction.CHECKPOINT) is not None:
             return  # its loop would never say it checkpointed: no state to wait in
         if await self._to_rank0(job, CheckpointNow(job=job.id, reason=reason)):
@@ -195,6 +197,8 @@ class JobEffects:
         return reply.ok
 
     async def stop(self, job: JobRecord, reason: str) -> None:
+        """The operator's stop: of a live attempt, as a task whose end stops the job; of
+        a pending or recovering job, at once."""
         job.reason = reason
         row = job_machine.fire(job, Input.STOP)
         if row is None:
@@ -212,9 +216,9 @@ class JobEffects:
         job = self.table.jobs.get(job_id, job)
         if not job.state.terminal:
             why = reason + (f"; {', '.join(silent)} did not confirm the stop" if silent else "")
-            await self.finish(job, JobState.STOPPED, why)
+            await self._finish(job, JobState.STOPPED, why)
 
-    async def finish(self, job: JobRecord, state: JobState, reason: str) -> None:
+    async def _finish(self, job: JobRecord, state: JobState, reason: str) -> None:
         job.reason = reason
         row = job_machine.fire(job, _END_INPUT[state])
         if row is not None:

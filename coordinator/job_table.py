@@ -41,6 +41,7 @@ class JobTable:
         self.jobs.update(loaded)
 
     def books(self, job_id: str) -> Books:
+        """``job_id``'s books, begun empty the first time they are asked for."""
         books = self._books.get(job_id)
         if books is None:
             books = self._books[job_id] = Books()
