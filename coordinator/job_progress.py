@@ -140,8 +140,9 @@ def at_risk_ahead(job: JobRecord, now: float) -> JobAtRisk | None:
 
 
 def _step_done(job: JobRecord, books: Books, msg: StepDone, clock: Clock) -> list[Outcome]:
-    """Productive wall time per step is between consecutive steps' stamps (their arrivals
-    bunch up after a frozen bus or a leader change)."""
+    """A step reported: the record's progress and ledger, and the job's step time, taken
+    between consecutive steps' stamps (their arrivals bunch up after a frozen bus or a
+    leader change)."""
     step, now = msg.step, clock.time()
     at, last = stamp(msg.time, now), books.stamped
     between = at - last[1] if last and last[0] == step - 1 else None

@@ -22,7 +22,6 @@ test's manual clock drives every decision at once.
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable
 
 from coordinator import (
     actions,
@@ -36,7 +35,7 @@ from coordinator import (
 from coordinator.cas import CasStore
 from coordinator.commander import CommandSender
 from coordinator.goodput import account
-from coordinator.job_effects import JobEffects
+from coordinator.job_effects import JobEffects, Publish
 from coordinator.job_events import AgentEvents
 from coordinator.job_reconcile import Reconciler
 from coordinator.job_table import JobTable
@@ -50,7 +49,6 @@ from proto.node import RankReport
 from proto.progress import Progress
 from ringmaster.clock import SYSTEM, Clock
 
-Publish = Callable[[EventBase], Awaitable[None]]
 OVERDUE_S = 5.0  # clean exits without rank 0's final word: decided after this long
 
 
