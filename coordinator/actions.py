@@ -1,6 +1,6 @@
 """What the fault policy decides and the job manager carries out: one frozen dataclass per
 kind of action, their union :data:`Action`. Pure data; :mod:`coordinator.policy` and
-:mod:`coordinator.progress_policy` make them, :mod:`coordinator.jobs` applies them."""
+:mod:`coordinator.progress_policy` make them, :mod:`coordinator.job_effects` applies them."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """Rank 0's progress reports, as the job manager takes them in: steps, pauses,
 checkpoints, the end, preflight figures, rewinds after numeric faults and straggler
-windows. A base of :class:`coordinator.jobs.JobManager`, apart only to keep each module
-small; the decisions are the policy's."""
+windows. A report changes the job's record and books and returns what to say and do
+(:data:`coordinator.job_effects.Outcome`), which the manager carries out; the decisions
+are the policy's and the state machine's. No I/O, no clock but the one passed in."""
 
 from __future__ import annotations
-
-from collections.abc import Awaitable, Callable
 
 from coordinator import actions, job_machine, loop_support, policy, progress_policy
 from coordinator.goodput import (
@@ -18,8 +17,9 @@ from coordinator.goodput import (
     stepped,
     stepped_while_stopping,
 )
+from coordinator.job_books import Books
+from coordinator.job_effects import Outcome
 from proto.events import (
-    EventBase,
     JobAtRisk,
     JobBandwidth,
     JobCheckpointed,
@@ -28,7 +28,6 @@ from proto.events import (
     JobResumed,
     JobRewound,
     Severity,
-    WorkerStraggler,
 )
 from proto.job import JobRecord, JobState, LoopInfo, LoopPhase
 from proto.progress import (
@@ -48,254 +47,214 @@ from proto.progress import (
 from ringmaster.clock import Clock
 
 
-class ProgressInputs:
-    jobs: dict[str, JobRecord]
-    publish: Callable[[EventBase], Awaitable[None]]
-    clock: Clock
-    _dirty: set[str]
-    _stepped_at: dict[str, float]  # monotonic time of each job's newest step
-    _straggled: dict[tuple[str, int], set[int]]  # ranks reported per attempt
-    _slow_window: dict[tuple[str, int], set[int]]  # ranks slow in the attempt's last window
-    _checkpoint_began: dict[str, tuple[int, float]]  # periodic checkpoint: step, monotonic
-    _stamped: dict[str, tuple[int, float]]  # each job's newest step and its stamp
-
-    async def apply(self, job: JobRecord | None, action: actions.Action) -> None:
-        raise NotImplementedError
-
-    async def _at_risk_ahead(self, job: JobRecord) -> None:
-        """The first time a measured checkpoint outlasts the notice the job's nodes may
-        get: say so, and from now on checkpoint often enough (see ``tick``)."""
-        every = policy.bounded_cadence(job)
-        if every is None or job.bounding_checkpoint_at is not None:
-            return
-        job.bounding_checkpoint_at = self.clock.time()
-        notice = job.spec.policy.preemption_notice_s or 0.0
-        await self.publish(
-            JobAtRisk(
-                job=job.id,
-                severity=Severity.WARNING,
-                window_s=notice,
-                checkpoint_s=job.checkpoint_s or 0.0,
-                last_checkpoint_step=job.last_checkpoint_step,
-                message=f"a checkpoint takes {job.checkpoint_s:.1f} s, longer than a "
-                f"{notice:g} s preemption notice: checkpointing every {every:.0f} s to bound "
-                "what a notice can cost",
-            )
-        )
-
-    async def on_progress(self, msg: Progress, sender: str) -> None:
-        """Rank 0's word, from ``sender`` (the node its subject names). Only the node
-        hosting rank 0 of the job's current attempt speaks for its progress; an earlier
-        attempt's late word, or an attempt of 0 (unknown), changes nothing."""
-        job = self.jobs.get(msg.job)
-        if job is None or job.state.terminal:
-            return
-        if isinstance(msg, StepDone) and _given_up_speaks(job, msg.attempt, sender):
-            assert job.given_up is not None
-            now = self.clock.time()
+def take(job: JobRecord, books: Books, msg: Progress, sender: str, clock: Clock) -> list[Outcome]:
+    """Rank 0's word, from ``sender`` (the node its subject names), about a job that has
+    not ended: what to say and do, in order. Only the node hosting rank 0 of the job's
+    current attempt speaks for its progress; an earlier attempt's late word, or an
+    attempt of 0 (unknown), changes nothing."""
+    if isinstance(msg, StepDone) and _given_up_speaks(job, msg.attempt, sender):
+        assert job.given_up is not None
+        now = clock.time()
+        at = stamp(msg.time, now)
+        stepped_while_stopping(job, msg.step, at, now, job.given_up.world_size)
+        books.dirty = True
+        return []
+    if not job.nodes or sender != job.nodes[0] or not msg.attempt or msg.attempt != job.attempt:
+        return []
+    books.dirty = True
+    match msg:
+        case LoopReady():
+            return [_loop_ready(job, msg)]
+        case PhaseChanged(name=name, entered=entered, bound_s=bound):
+            now = clock.time()
             at = stamp(msg.time, now)
-            stepped_while_stopping(job, msg.step, at, now, job.given_up.world_size)
-            self._dirty.add(job.id)
-            return
-        if not job.nodes or sender != job.nodes[0] or not msg.attempt or msg.attempt != job.attempt:
-            return
-        self._dirty.add(job.id)
-        match msg:
-            case LoopReady():
-                await self._loop_ready(job, msg)
-            case PhaseChanged(name=name, entered=entered, bound_s=bound):
-                now = self.clock.time()
-                at = stamp(msg.time, now)
-                account(job, now)
-                if entered:
-                    job.phase = LoopPhase(name=name, since=at, bound_s=bound)
-                elif job.phase is not None and job.phase.name == name:
-                    job.phase = None
-                    job.last_step_at = at  # the stall clock starts again where it ended
-                    self._stamped.pop(job.id, None)  # the phase is not a step's time
-            case StepDone(step=step, loss=loss):
-                # productive wall time per step: between consecutive steps' stamps (their
-                # arrivals bunch up after a frozen bus or a leader change)
-                now = self.clock.time()
-                at, last = stamp(msg.time, now), self._stamped.get(job.id)
-                between = at - last[1] if last and last[0] == step - 1 else None
-                self._stamped[job.id] = (step, at)
-                observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
-                self._stepped_at[job.id] = self.clock.monotonic()
-                if step % job.spec.checkpoint.every_steps == 0:
-                    self._checkpoint_began[job.id] = (step, self.clock.monotonic())
-                if job.state is JobState.STARTING:
-                    began_training(job, at, now)
-                elif job.last_step_at is None or job.last_step_at < (job.attempt_started_at or 0):
-                    # a script that opened the rank API only once it ran: its start-up so
-                    # far was charged as unknown (it had said nothing); it is start-up
-                    began_training(job, at, now, source="unknown")
-                    job.first_step_at = job.first_step_at or now
-                elif job.state is JobState.RECOVERING:  # this attempt's stop is under way
-                    stepped_while_stopping(job, step, at, now)
-                else:
-                    stepped(job, at, now, step - job.step)
-                if job_machine.fire(job, job_machine.Input.TRAINING) is not None:
-                    job.given_up = None  # its steps, late now, would be counted as redone
-                    job.first_step_at = job.first_step_at or now
-                    if job.restarts:
-                        charge_lost_work(job, step - 1)
-                job.step, job.loss = step, loss
-                if job.spec.job.entry and msg.target_steps > 0:
-                    job.target_steps = msg.target_steps  # the script's own, as its loop says
-                job.memory_step = msg.memory_step  # None again after a rewind
-                job_machine.trained_to(job, step)
-                job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
-                if msg.compile_s is not None:
-                    job.compile_s = msg.compile_s
-                if msg.durable_step is not None:
-                    await self._durable_reported(job, msg.durable_step, step)
-            case Paused(step=step):
-                self._stamped.pop(job.id, None)  # the pause is not a step's time
-                if job_machine.fire(job, job_machine.Input.PAUSED) is None:
-                    return
-                job.step = max(job.step, step)
-                job.pauses += 1
-                why = ", ".join(job.pause_reasons) or "operator"
-                await self.publish(JobPaused(job=job.id, step=step, reason=why, message=why))
-            case Resumed(step=step):
-                if job_machine.fire(job, job_machine.Input.RESUMED) is None:
-                    return
-                await self.publish(JobResumed(job=job.id, step=step, message=f"step {step}"))
-            case Checkpointed(step=step, path=path, stall_s=stall):
-                job.last_checkpoint_step = step
-                began = self._checkpoint_began.pop(job.id, None)
-                if began is not None and began[0] == step:
-                    job.checkpoint_s = self.clock.monotonic() - began[1]
-                    await self._at_risk_ahead(job)
-                job_machine.fire(job, job_machine.Input.CHECKPOINTED)
-                move_stall(job, stall)
-                await self.publish(
-                    JobCheckpointed(
-                        job=job.id,
-                        step=step,
-                        path=path,
-                        stall_s=stall,
-                        message=f"step {step} durable at {path} (training blocked {stall:.3f} s)",
-                    )
-                )
-            case Finished(outcome=outcome, step=step):
-                account(job, self.clock.time())  # what came before the word was training
-                job.finished, job.step = outcome, max(job.step, step)
-                for action in progress_policy.all_exited(job):
-                    await self.apply(job, action)
-            case BandwidthChecked():
-                await self._bandwidth(job, msg)
-            case Rewound():
-                await self._rewound(job, msg)
-            case Stragglers():
-                key = (job.id, job.attempt)
-                reported = self._straggled.setdefault(key, set())
-                before = self._slow_window.get(key, set())
-                self._slow_window[key] = set(progress_policy.slow_ranks(job, msg))
-                for action in progress_policy.on_stragglers(job, msg, reported, before):
-                    await self.apply(job, action)
+            account(job, now)
+            if entered:
+                job.phase = LoopPhase(name=name, since=at, bound_s=bound)
+            elif job.phase is not None and job.phase.name == name:
+                job.phase = None
+                job.last_step_at = at  # the stall clock starts again where it ended
+                books.stamped = None  # the phase is not a step's time
+        case StepDone():
+            return _step_done(job, books, msg, clock)
+        case Paused(step=step):
+            books.stamped = None  # the pause is not a step's time
+            if job_machine.fire(job, job_machine.Input.PAUSED) is None:
+                return []
+            job.step = max(job.step, step)
+            job.pauses += 1
+            why = ", ".join(job.pause_reasons) or "operator"
+            return [JobPaused(job=job.id, step=step, reason=why, message=why)]
+        case Resumed(step=step):
+            if job_machine.fire(job, job_machine.Input.RESUMED) is None:
+                return []
+            return [JobResumed(job=job.id, step=step, message=f"step {step}")]
+        case Checkpointed(step=step, path=path, stall_s=stall):
+            said: list[Outcome] = []
+            job.last_checkpoint_step = step
+            began, books.checkpoint_began = books.checkpoint_began, None
+            if began is not None and began[0] == step:
+                job.checkpoint_s = clock.monotonic() - began[1]
+                if (risk := at_risk_ahead(job, clock.time())) is not None:
+                    said.append(risk)
+            job_machine.fire(job, job_machine.Input.CHECKPOINTED)
+            move_stall(job, stall)
+            message = f"step {step} durable at {path} (training blocked {stall:.3f} s)"
+            return [
+                *said,
+                JobCheckpointed(job=job.id, step=step, path=path, stall_s=stall, message=message),
+            ]
+        case Finished(outcome=outcome, step=step):
+            account(job, clock.time())  # what came before the word was training
+            job.finished, job.step = outcome, max(job.step, step)
+            return list(progress_policy.all_exited(job))
+        case BandwidthChecked():
+            return _bandwidth(job, msg)
+        case Rewound():
+            return _rewound(job, msg)
+        case Stragglers():
+            seen = books.attempt(job.attempt)
+            before, seen.slow = seen.slow, set(progress_policy.slow_ranks(job, msg))
+            return list(progress_policy.on_stragglers(job, msg, seen.straggled, before))
+    return []
 
-    async def _durable_reported(self, job: JobRecord, durable: int, step: int) -> None:
-        """Rank 0's step report names the newest durable step it knows; its own
-        ``checkpointed`` report always goes out before it (:mod:`trainer.checkpoint`).
-        A newer step than the record holds means that report was lost (a bus outage drops
-        what was in flight): the record takes the step report's word and the ledger says
-        where it came from. An older one is the step this attempt resumed from."""
-        known = job.last_checkpoint_step
-        if known is not None and durable <= known:
-            return
-        job.last_checkpoint_step = durable
-        if durable <= (job.resume_step or 0):
-            return  # a checkpoint written before this job or attempt, not a missed report
-        job_machine.fire(job, job_machine.Input.CHECKPOINTED)
-        await self.publish(
-            JobCheckpointed(
-                job=job.id,
-                step=durable,
-                message=f"step {durable} durable, as rank 0 reported at step {step} "
-                "(its own checkpoint report never arrived)",
-            )
-        )
 
-    async def _loop_ready(self, job: JobRecord, msg: LoopReady) -> None:
-        """Rank 0 opened the rank API: what the loop supports is now the job's record."""
-        job.loop = LoopInfo(framework=msg.framework, reactions=msg.reactions, attempt=msg.attempt)
-        has = loop_support.reactions(job)
-        lacks = [r.value for r in Reaction if r not in has]
-        where = f"resumed from {msg.resumed_from} step {msg.step}"
-        if msg.resumed_from == "fresh":
-            where = "a fresh start"
-        await self.publish(
-            JobLoop(
-                job=job.id,
-                framework=msg.framework,
-                reactions=[r.value for r in has],
-                lacks=lacks,
-                resumed_from=msg.resumed_from,
-                step=msg.step,
-                message=f"{msg.framework} loop: {loop_support.summary(job)}; {where}",
-            )
-        )
+def at_risk_ahead(job: JobRecord, now: float) -> JobAtRisk | None:
+    """The first time a measured checkpoint outlasts the notice the job's nodes may get:
+    say so, and from now on checkpoint often enough (the manager's tick asks for them)."""
+    every = policy.bounded_cadence(job)
+    if every is None or job.bounding_checkpoint_at is not None:
+        return None
+    job.bounding_checkpoint_at = now
+    notice = job.spec.policy.preemption_notice_s or 0.0
+    return JobAtRisk(
+        job=job.id,
+        severity=Severity.WARNING,
+        window_s=notice,
+        checkpoint_s=job.checkpoint_s or 0.0,
+        last_checkpoint_step=job.last_checkpoint_step,
+        message=f"a checkpoint takes {job.checkpoint_s:.1f} s, longer than a "
+        f"{notice:g} s preemption notice: checkpointing every {every:.0f} s to bound "
+        "what a notice can cost",
+    )
 
-    async def _bandwidth(self, job: JobRecord, msg: BandwidthChecked) -> None:
-        """Publish the preflight figures, then let the policy refuse slow nodes."""
-        decided = progress_policy.on_bandwidth(job, msg)
-        refused = sorted(a.node for a in decided if isinstance(a, actions.RefuseNode))
-        figures = ", ".join(f"{node} {gbps:.1f}" for node, gbps in msg.node_gbps.items())
-        await self.publish(
-            JobBandwidth(
-                job=job.id,
-                severity=Severity.WARNING if refused else Severity.INFO,
-                node_gbps=msg.node_gbps,
-                median_gbps=msg.median_gbps,
-                slow=refused,
-                message=f"bus bandwidth GB/s: {figures} (median {msg.median_gbps:.1f})",
-            )
-        )
-        for action in decided:
-            await self.apply(job, action)
 
-    async def _rewound(self, job: JobRecord, msg: Rewound) -> None:
-        job.rewinds += 1
-        job.step = msg.step
-        skipped = f"; data of steps {msg.skip_from}-{msg.skip_to - 1} skipped"
-        await self.publish(
-            JobRewound(
-                job=job.id,
-                severity=Severity.WARNING,
-                from_step=msg.from_step,
-                to_step=msg.step,
-                skip_from=msg.skip_from,
-                skip_to=msg.skip_to,
-                reason=msg.reason,
-                rewinds=job.rewinds,
-                message=f"{msg.reason} at step {msg.from_step}: back to step {msg.step}"
-                + (skipped if msg.skip_to > msg.skip_from else ""),
-            )
-        )
-        for action in progress_policy.on_rewound(job, msg):
-            await self.apply(job, action)
+def _step_done(job: JobRecord, books: Books, msg: StepDone, clock: Clock) -> list[Outcome]:
+    """A step reported: the record's progress and ledger, and the job's step time, taken
+    between consecutive steps' stamps (their arrivals bunch up after a frozen bus or a
+    leader change)."""
+    step, now = msg.step, clock.time()
+    at, last = stamp(msg.time, now), books.stamped
+    between = at - last[1] if last and last[0] == step - 1 else None
+    books.stamped = (step, at)
+    observe_step_time(job, between or 0.0, first=job.state is JobState.STARTING)
+    books.stepped_at = clock.monotonic()
+    if step % job.spec.checkpoint.every_steps == 0:
+        books.checkpoint_began = (step, clock.monotonic())
+    if job.state is JobState.STARTING:
+        began_training(job, at, now)
+    elif job.last_step_at is None or job.last_step_at < (job.attempt_started_at or 0):
+        # a script that opened the rank API only once it ran: its start-up so far was
+        # charged as unknown (it had said nothing); it is start-up
+        began_training(job, at, now, source="unknown")
+        job.first_step_at = job.first_step_at or now
+    elif job.state is JobState.RECOVERING:  # this attempt's stop is under way
+        stepped_while_stopping(job, step, at, now)
+    else:
+        stepped(job, at, now, step - job.step)
+    if job_machine.fire(job, job_machine.Input.TRAINING) is not None:
+        job.given_up = None  # its steps, late now, would be counted as redone
+        job.first_step_at = job.first_step_at or now
+        if job.restarts:
+            charge_lost_work(job, step - 1)
+    job.step, job.loss = step, msg.loss
+    if job.spec.job.entry and msg.target_steps > 0:
+        job.target_steps = msg.target_steps  # the script's own, as its loop says
+    job.memory_step = msg.memory_step  # None again after a rewind
+    job_machine.trained_to(job, step)
+    job.tokens_per_s, job.mfu = msg.tokens_per_s or None, msg.mfu
+    if msg.compile_s is not None:
+        job.compile_s = msg.compile_s
+    if msg.durable_step is None:
+        return []
+    return _durable_reported(job, msg.durable_step, step)
 
-    async def _straggler(self, job: JobRecord, found: actions.ReportStraggler) -> None:
-        self._straggled.setdefault((job.id, job.attempt), set()).add(found.rank)
-        ratio = found.step_s / found.peer_median_s
-        await self.publish(
-            WorkerStraggler(
-                job=job.id,
-                node=found.node,
-                severity=Severity.WARNING,
-                rank=found.rank,
-                attempt=job.attempt,
-                step=job.step,
-                step_s=found.step_s,
-                peer_median_s=found.peer_median_s,
-                ratio=ratio,
-                window_steps=job.spec.policy.straggler_window_steps,
-                message=f"rank {found.rank} on {found.node}: {found.step_s:.3f} s per step, "
-                f"{ratio:.1f}× its peers' median {found.peer_median_s:.3f} s",
-            )
+
+def _durable_reported(job: JobRecord, durable: int, step: int) -> list[Outcome]:
+    """Rank 0's step report names the newest durable step it knows; its own
+    ``checkpointed`` report always goes out before it (:mod:`trainer.checkpoint`).
+    A newer step than the record holds means that report was lost (a bus outage drops
+    what was in flight): the record takes the step report's word and the ledger says
+    where it came from. An older one is the step this attempt resumed from."""
+    known = job.last_checkpoint_step
+    if known is not None and durable <= known:
+        return []
+    job.last_checkpoint_step = durable
+    if durable <= (job.resume_step or 0):
+        return []  # a checkpoint written before this job or attempt, not a missed report
+    job_machine.fire(job, job_machine.Input.CHECKPOINTED)
+    return [
+        JobCheckpointed(
+            job=job.id,
+            step=durable,
+            message=f"step {durable} durable, as rank 0 reported at step {step} "
+            "(its own checkpoint report never arrived)",
         )
+    ]
+
+
+def _loop_ready(job: JobRecord, msg: LoopReady) -> JobLoop:
+    """Rank 0 opened the rank API: what the loop supports is now the job's record."""
+    job.loop = LoopInfo(framework=msg.framework, reactions=msg.reactions, attempt=msg.attempt)
+    has = loop_support.reactions(job)
+    lacks = [r.value for r in Reaction if r not in has]
+    where = f"resumed from {msg.resumed_from} step {msg.step}"
+    if msg.resumed_from == "fresh":
+        where = "a fresh start"
+    return JobLoop(
+        job=job.id,
+        framework=msg.framework,
+        reactions=[r.value for r in has],
+        lacks=lacks,
+        resumed_from=msg.resumed_from,
+        step=msg.step,
+        message=f"{msg.framework} loop: {loop_support.summary(job)}; {where}",
+    )
+
+
+def _bandwidth(job: JobRecord, msg: BandwidthChecked) -> list[Outcome]:
+    """The preflight figures, said, then the policy's refusal of slow nodes."""
+    decided = progress_policy.on_bandwidth(job, msg)
+    refused = sorted(a.node for a in decided if isinstance(a, actions.RefuseNode))
+    figures = ", ".join(f"{node} {gbps:.1f}" for node, gbps in msg.node_gbps.items())
+    said = JobBandwidth(
+        job=job.id,
+        severity=Severity.WARNING if refused else Severity.INFO,
+        node_gbps=msg.node_gbps,
+        median_gbps=msg.median_gbps,
+        slow=refused,
+        message=f"bus bandwidth GB/s: {figures} (median {msg.median_gbps:.1f})",
+    )
+    return [said, *decided]
+
+
+def _rewound(job: JobRecord, msg: Rewound) -> list[Outcome]:
+    job.rewinds += 1
+    job.step = msg.step
+    skipped = f"; data of steps {msg.skip_from}-{msg.skip_to - 1} skipped"
+    said = JobRewound(
+        job=job.id,
+        severity=Severity.WARNING,
+        from_step=msg.from_step,
+        to_step=msg.step,
+        skip_from=msg.skip_from,
+        skip_to=msg.skip_to,
+        reason=msg.reason,
+        rewinds=job.rewinds,
+        message=f"{msg.reason} at step {msg.from_step}: back to step {msg.step}"
+        + (skipped if msg.skip_to > msg.skip_from else ""),
+    )
+    return [said, *progress_policy.on_rewound(job, msg)]
 
 
 def _given_up_speaks(job: JobRecord, attempt: int, sender: str) -> bool:

@@ -1,8 +1,10 @@
-"""The job manager's reconciliation each tick, and who may speak for a job's ranks.
+"""The job manager's reconciliation each tick.
 
-What to do is :mod:`coordinator.reconcile`'s (pure); this feeds its findings back into the
-manager as the events that were missed — published too, so on-call sees the evidence —
-and stops orphans as tasks, at most once per ``ORPHAN_RETRY_S`` each.
+What to do is :mod:`coordinator.reconcile`'s (pure); this hands its findings to the
+manager (:class:`Findings`): the exits whose events were missed, to be published, so
+on-call sees the evidence, and taken as those events; and orphans to stop, at most once
+per ``ORPHAN_RETRY_S`` each. It reads the jobs, the registry's nodes and the launcher's
+stamps, and writes none of them.
 
 An exit a beat lists is the agent's own ``worker.exited`` too, sent first but on the events
 stream, which a busy leader may read after the beat: it is reconciled only once listed for
@@ -12,17 +14,18 @@ lost event still costs at most that long.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Mapping
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from coordinator.reconcile import Exited, Memo, Missing, hosts_rank, job_findings, orphans
-from coordinator.registry import NodeInfo
-from proto.events import Severity, WorkerExited, WorkerHung
+from coordinator.launch import Launcher
+from coordinator.reconcile import Exited, Memo, Missing, job_findings, orphans
+from coordinator.registry import NodeInfo, Registry
+from proto.events import Severity, WorkerExited
 from proto.job import JobRecord
-
-if TYPE_CHECKING:
-    from coordinator.jobs import JobManager
+from proto.node import RankReport
+from ringmaster.clock import Clock
 
 log = structlog.get_logger()
 ORPHAN_RETRY_S = 10.0
@@ -55,9 +58,20 @@ class FirstSeen(Generic[K]):
         self.first, self._tick = {}, {}
 
 
+class Findings(Protocol):
+    """What the job manager does with what a pass finds, as it finds it: an exit taken may
+    restart its job, and what the pass looks at next sees that."""
+
+    async def missed_exit(self, event: WorkerExited) -> None:
+        """A rank's exit the beats show and no event brought."""
+
+    def stop_orphan(self, node: str, report: RankReport, why: str) -> None:
+        """A live rank on ``node`` that nothing expects: killed, as a task."""
+
+
 class Reconciler:
-    def __init__(self, manager: JobManager) -> None:
-        self.m, self.clock = manager, manager.clock
+    def __init__(self, registry: Registry, launcher: Launcher, clock: Clock) -> None:
+        self.registry, self.launcher, self.clock = registry, launcher, clock
         self.since = (
             self.clock.monotonic()
         )  # when this leader took over: beats before it prove nothing
@@ -74,28 +88,20 @@ class Reconciler:
         self._orphans_seen.clear()
         self._exits_seen.clear()
 
-    @staticmethod
-    def speaks_for(job: JobRecord, event: WorkerExited | WorkerHung) -> bool:
-        """Only the node hosting a rank in the current attempt speaks for it, and an exit
-        counts once (a repeated or a reconciled one is the same fact)."""
-        if not hosts_rank(job, event.node or "", event.rank, event.attempt):
-            return False
-        return not (isinstance(event, WorkerExited) and str(event.rank) in job.exited_ranks)
-
-    async def reconcile(self) -> None:
-        m, now = self.m, self.clock.monotonic()
-        nodes = m.registry.nodes
+    async def reconcile(self, jobs: Mapping[str, JobRecord], out: Findings) -> None:
+        now = self.clock.monotonic()
+        nodes = self.registry.nodes
         if now - self._full_at >= FULL_PASS_S:
             self._full_at = now
             self._findings.clear()
             self._orphans.clear()
         # only nodes that run ranks or host a job can matter here: not a scan of them all
-        hosting = {n for job in m.jobs.values() for n in job.nodes}
-        ranked = {i: nodes[i] for i in m.registry.ranked if i in nodes}
-        silent = m.registry.silent(list(hosting.union(ranked)), now)
-        for job in list(m.jobs.values()):
-            attempt, launched = m.launcher.launched_at.get(job.id, (0, self.since))
-            answered = m.launcher.answered_at.get(job.id, {})
+        hosting = {n for job in jobs.values() for n in job.nodes}
+        ranked = {i: nodes[i] for i in self.registry.ranked if i in nodes}
+        silent = self.registry.silent(list(hosting.union(ranked)), now)
+        for job in list(jobs.values()):
+            attempt, launched = self.launcher.launched_at.get(job.id, (0, self.since))
+            answered = self.launcher.answered_at.get(job.id, {})
             if attempt != job.attempt:
                 launched, answered = self.since, {}  # another leader's launch: beats since
 
@@ -118,11 +124,11 @@ class Reconciler:
                     (job.id, job.attempt, found.report.rank), now, nodes[found.node].interval_s
                 ):
                     continue  # the agent's own event may still be on its way
-                await m.publish(event := _exit_event(job, found))
+                event = _exit_event(job, found)
                 log.warning("reconciled a rank's exit", job=job.id, message=event.message)
-                await m.on_event(event)
+                await out.missed_exit(event)
         self._exits_seen.tick_done()
-        for orphan in orphans(m.jobs, ranked, lambda n: n.id not in silent, self._orphans):
+        for orphan in orphans(jobs, ranked, lambda n: n.id not in silent, self._orphans):
             report = orphan.report
             key = (orphan.node, report.job, report.attempt)
             if not self._orphans_seen.lasted(key, now, nodes[orphan.node].interval_s):
@@ -132,11 +138,7 @@ class Reconciler:
             self._orphans_stopped[key] = now
             why = f"orphan: rank {report.rank} of attempt {report.attempt} that nothing expects"
             log.warning("stopping an orphan rank", node=orphan.node, job=report.job, why=why)
-            m.spawn(
-                report.job,
-                f"orphan:{orphan.node}",
-                m.stopper.kill(report.job, [orphan.node], why, attempt=report.attempt),
-            )
+            out.stop_orphan(orphan.node, report, why)
         self._orphans_seen.tick_done()
         # forget orphans no longer reported, so the record stays as small as what is seen
         seen = self._orphans_seen.first

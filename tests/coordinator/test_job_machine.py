@@ -150,7 +150,7 @@ async def test_every_row_with_a_leader_change_in_the_middle(state: JobState, wha
     await new.load()
     await new.settle()  # what the successor took up on load (a stop) is done
     new.jobs[job] = await c.stored(job)  # its copy as the store has it now
-    await new.save(new.jobs[job])  # the successor writes first: the old copy is stale
+    await new.table.save(new.jobs[job])  # the successor writes first: the old copy is stale
     before = (await c.stored(job)).state
     with contextlib.suppress(Conflict):
         await DRIVERS[what](c, old, job)

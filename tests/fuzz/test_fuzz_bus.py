@@ -218,7 +218,7 @@ class World:
         )
         self.job = job
         self.jobs.jobs[job.id] = job
-        asyncio.run(self.jobs.save(job))
+        asyncio.run(self.jobs.table.save(job))
 
     def snapshot(self) -> tuple[Any, ...]:
         nodes = {

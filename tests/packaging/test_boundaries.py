@@ -16,8 +16,9 @@ function, absolute or relative (resolved against the importing module's package)
 module named by a string (``importlib.import_module("x")``, ``__import__``,
 ``runpy.run_module``).
 
-One boundary runs inside the coordinator: its pure decision modules read no clock (the
-time is their argument), so only the I/O shell's clock object says what time it is."""
+Two boundaries run inside the coordinator: its pure decision modules read no clock (the
+time is their argument), so only the I/O shell's clock object says what time it is; and
+its modules import one another in one direction, with no cycle."""
 
 from __future__ import annotations
 
@@ -61,10 +62,15 @@ def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
             for alias in node.names:
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else ()
-            yield node.lineno, ".".join([*base, *([node.module] if node.module else [])])
+            yield node.lineno, _from_module(node, package)
         elif isinstance(node, ast.Call) and (name := _named_module(node)) is not None:
             yield node.lineno, name
+
+
+def _from_module(node: ast.ImportFrom, package: tuple[str, ...]) -> str:
+    """The absolute module a ``from … import`` in ``package`` names."""
+    base = package[: len(package) - node.level + 1] if node.level else ()
+    return ".".join([*base, *([node.module] if node.module else [])])
 
 
 def _named_module(call: ast.Call) -> str | None:
@@ -321,4 +327,109 @@ def test_the_clock_check_catches_every_reading(tmp_path: Path) -> None:
         "coordinator/policy.py:3 imports ringmaster.clock",
         "coordinator/policy.py:5 calls now()",
         "coordinator/policy.py:7 calls utcnow()",
+    ]
+
+
+# The coordinator's modules import one another in one direction: a module that a module
+# it imports imports back (even only for types) is one part cut in two, each reaching
+# into the other, and neither can be read or changed alone.
+def module_imports(root: Path, package: str = "coordinator") -> dict[str, set[str]]:
+    """Each module of ``package`` and the modules of ``package`` it imports: at module
+    level, inside a function or under ``TYPE_CHECKING``; ``from p import m`` of a module
+    ``m`` counts as an import of ``p.m``."""
+    paths = {
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted((root / package).rglob("*.py"))
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = path.relative_to(root).parts[:-1]
+        edges = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                base = _from_module(node, package)
+                names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            edges.update(n for n in names if n in paths and n != name)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle's modules, one cycle for each group of modules that reach one another
+    (Tarjan's strongly connected components, a group of more than one module or one that
+    imports itself), each given as a path from its first module back to it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for other in sorted(graph.get(name, ())):
+            if other not in index:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], index[other])
+        if low[name] == index[name]:
+            group = []
+            while (top := stack.pop()) != name:
+                group.append(top)
+            group.append(name)
+            if len(group) > 1 or name in graph.get(name, ()):
+                groups.append(sorted(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return [_path_through(graph, group) for group in groups]
+
+
+def _path_through(graph: dict[str, set[str]], group: list[str]) -> list[str]:
+    """A shortest import path from the group's first module back to it, inside it."""
+    start, members = group[0], set(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for name in frontier:
+            for other in sorted(graph[name] & members):
+                if other == start:
+                    return [*paths[name], start]
+                if other not in paths:
+                    paths[other] = [*paths[name], other]
+                    nxt.append(other)
+        frontier = nxt
+    return group
+
+
+def test_the_coordinators_modules_import_in_one_direction() -> None:
+    cycles = import_cycles(module_imports(ROOT))
+    assert not cycles, "import cycles in coordinator/:\n" + "\n".join(
+        " → ".join(cycle) for cycle in cycles
+    )
+
+
+def test_the_cycle_check_catches_every_form_of_import(tmp_path: Path) -> None:
+    package = tmp_path / "coordinator"
+    (package / "ctl").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "ctl" / "__init__.py").write_text("")
+    (package / "shell.py").write_text("from coordinator import inputs\n")
+    (package / "inputs.py").write_text("def late():\n    from . import checks\n")
+    (package / "checks.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from coordinator.shell import Shell\n"
+    )
+    (package / "ctl" / "main.py").write_text("import coordinator.ctl.status\n")
+    (package / "ctl" / "status.py").write_text("from ..ctl.main import run\n")
+    graph = module_imports(tmp_path)
+    assert graph["coordinator.inputs"] == {"coordinator", "coordinator.checks"}
+    assert import_cycles(graph) == [
+        ["coordinator.checks", "coordinator.shell", "coordinator.inputs", "coordinator.checks"],
+        ["coordinator.ctl.main", "coordinator.ctl.status", "coordinator.ctl.main"],
     ]
