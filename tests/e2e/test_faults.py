@@ -101,6 +101,7 @@ def test_machine_loss_hang_and_notice_each_cost_one_restart(ctl: Ctl, tmp_path: 
     assert ranks["paused"] > 0 and ranks["recovery"] > 0 and ranks["checkpoint_stall"] > 0
 
 
+@pytest.mark.shared_cluster(nodes=2)
 @pytest.mark.timeout(400)
 def test_a_non_finite_loss_rewinds_and_a_slow_node_is_a_straggler(ctl: Ctl, tmp_path: Path) -> None:
     ctl("up", "--nodes", "2")

@@ -195,6 +195,7 @@ def test_a_framework_loop_gets_every_reaction(ctl: Ctl, tmp_path: Path, script: 
     check_ledger(final, attempts(ctl.home, job), ctl.events("--job", job))
 
 
+@pytest.mark.shared_cluster(nodes=2)
 @pytest.mark.timeout(600)
 def test_an_unmodified_script_is_refused_what_it_cannot_do_and_its_ledger_says_so(
     ctl: Ctl, tmp_path: Path
@@ -212,7 +213,8 @@ def test_an_unmodified_script_is_refused_what_it_cannot_do_and_its_ledger_says_s
         assert refused.returncode == 1, refused.stderr
         [line] = refused.stderr.strip().splitlines()
         assert f"cannot {verb}" in line and "rank API" in line, line
-    ctl("inject", status["nodes"][1], "nvme-latency=500")
+    spiked = status["nodes"][1]
+    ctl("inject", spiked, "nvme-latency=500")
     unheeded = first_event(ctl, job, "job.unheeded")
     assert "trains on" in str(unheeded["message"])
     # the record says so too once it is written (the event may come first)
@@ -224,6 +226,7 @@ def test_an_unmodified_script_is_refused_what_it_cannot_do_and_its_ledger_says_s
     done = ctl.run("stop", job)
     assert done.returncode == 0 and "no checkpoint at a step first" in done.stderr
     ctl.wait(job, lambda s: s["state"] == "stopped")
+    ctl("inject", spiked, "clear")
 
 
 STRAY = """
@@ -247,6 +250,7 @@ runpy.run_path(sys.argv.pop(1), run_name="__main__")
 """
 
 
+@pytest.mark.shared_cluster(nodes=2)
 @pytest.mark.timeout(600)
 def test_a_rank_that_stops_calling_the_boundary_is_found_hung_not_a_deadlock(
     ctl: Ctl, tmp_path: Path

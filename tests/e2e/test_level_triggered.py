@@ -106,6 +106,7 @@ def test_four_independent_faults_in_a_row_are_no_crash_loop(ctl: Ctl, tmp_path: 
     assert status["restarts_in_row"] <= 1
 
 
+@pytest.mark.shared_cluster(nodes=2)
 @pytest.mark.timeout(400)
 def test_stop_ends_a_job_whose_node_is_silent_and_its_orphan_is_killed_later(
     ctl: Ctl, tmp_path: Path
@@ -138,6 +139,7 @@ def test_stop_ends_a_job_whose_node_is_silent_and_its_orphan_is_killed_later(
     )
 
 
+@pytest.mark.shared_cluster(nodes=2)
 @pytest.mark.timeout(500)
 def test_a_lost_node_repaired_is_taken_back_when_the_job_grows(ctl: Ctl, tmp_path: Path) -> None:
     ctl("up", "--nodes", "2")

@@ -17,6 +17,7 @@ from ringmaster.rundir import JobDir
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.shared_cluster(nodes=2)
 @pytest.mark.timeout(400)
 def test_operator_overrides_and_a_user_script(ctl: Ctl, tmp_path: Path) -> None:
     ctl("up", "--nodes", "2")
