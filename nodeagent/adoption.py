@@ -98,9 +98,8 @@ class AdoptedRank:
         finally:
             if fd is not None:
                 os.close(fd)
-        if self.ran:
-            with contextlib.suppress(TimeoutError):
-                await wait_until_async(self._reaped, REAP_S, POLL_S / 10)
+        with contextlib.suppress(TimeoutError):  # (at once for a process long gone)
+            await wait_until_async(self._reaped, REAP_S, POLL_S / 10)
         record = read_exit(self._record)
         if record is not None and record.pid == self.pid:
             self.returncode = record.code
