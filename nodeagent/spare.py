@@ -153,12 +153,15 @@ async def start(
     return Spare(proc.pid, started, dict(env), reader, writer, path, child=proc)
 
 
-async def connect(fresh: Path, pid: int, stamp: str, env: dict[str, str]) -> Spare | None:
-    """A spare forked from the template, listening at ``fresh``: its socket named where a
-    restarted agent finds it, connected to (its READY to come)."""
+async def connect(
+    fresh: Path, pid: int, stamp: str, env: dict[str, str], *, template: bool = False
+) -> Spare | None:
+    """A spare forked from the template (or the template's successor), listening at
+    ``fresh``: its socket named where a restarted agent finds it, connected to (its READY
+    to come)."""
     path = fresh
     try:
-        path, started = _named(fresh, pid, stamp, template=False)
+        path, started = _named(fresh, pid, stamp, template=template)
         reader, writer = await asyncio.open_unix_connection(str(path))
     except OSError as exc:
         path.unlink(missing_ok=True)

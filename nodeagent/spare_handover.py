@@ -1,5 +1,6 @@
 """A rank's launch handed to a warm interpreter (``nodeagent.warm_pool``): the launch line,
-the ``STARTED`` that says the hand-over took, and how long one still importing may take.
+the ``STARTED`` that says the hand-over took (after a template's word on its successor),
+and how long one still importing may take.
 
 A ready interpreter answers in milliseconds; one handed its launch while still importing
 (the template, just after the agent started) reads it only once its imports are done, so
@@ -12,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 
+import msgspec
 import structlog
 
 from nodeagent.spare import Spare, close, kill
 from proto.codec import encode
-from proto.warm import STARTED, WarmLaunch
+from proto.warm import STARTED, Forked, WarmLaunch
 
 log = structlog.get_logger()
 
@@ -63,6 +64,17 @@ async def started(spare: Spare, bound: float) -> bool:
     return word == STARTED
 
 
+async def successor(template: Spare, bound: float) -> Forked | None:
+    """What a template handed a launch says of its successor (after its READY, once its
+    imports are done) within ``bound`` seconds; None if nothing (it is wedged or dead)."""
+    with contextlib.suppress(TimeoutError, OSError, msgspec.DecodeError, msgspec.ValidationError):
+        async with asyncio.timeout(bound):
+            await template.settled.wait()
+            if template.ready:
+                return msgspec.json.decode(await template.reader.readline(), type=Forked)
+    return None
+
+
 async def hand_over(spare: Spare, launch: WarmLaunch) -> bool:
     """Hand a ready interpreter the launch: whether it started the rank (else it is
     killed, and the rank starts cold)."""
@@ -79,12 +91,6 @@ async def hand_over_later(spare: Spare, bound: float, closing: Callable[[], bool
     """An interpreter handed its launch while importing, already its rank's process:
     killed if it has not started the rank within ``bound`` (unless the agent is
     ``closing()``: ranks outlive it, and it reads its launch on its own)."""
-    log.info(
-        "warm interpreter still importing: it starts the rank when ready",
-        pid=spare.pid,
-        importing_s=round(time.monotonic() - spare.born, 2),
-        bound_s=round(bound, 1),
-    )
     if await started(spare, bound) or closing():
         return
     log.warning(

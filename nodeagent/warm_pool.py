@@ -1,43 +1,37 @@
 """Spare rank interpreters, ready ahead of need, so a rank (re)start skips the cold Python
 start and the imports of torch, DeepSpeed and torchao — the built-in trainer's ranks, and
-a user's entry script's (a spare runs the script as ``__main__``; once a job of that script
-ran on the node, the spares also have the libraries it imports, :attr:`WarmPool.preload`).
+a user's entry script's (run as ``__main__``; once a job of that script ran on the node,
+the spares also have the libraries it imports, :attr:`WarmPool.preload`).
 
-The pool starts one interpreter, ``python -m trainer.warm``: the *template*, which imports
-once and forks a spare whenever asked (``nodeagent.warm_template``), in milliseconds. A
-spare is in its own session (its PID will be its rank's process group's id, as for a rank
-started cold) and listens on a socket of its own (``proto.warm``): ``READY``, then one
-launch line. :meth:`WarmPool.take` hands a ready spare the launch, waits for its
-``STARTED`` and returns it as the rank's process; a fork replaces it at once. With none
-ready, a ready template forks one for the launch; a template still importing (the agent
-just started) is handed the launch itself and becomes the rank once its imports are done:
-a cold start would repeat those imports from the beginning, beside it, so it is never the
-faster, and the launch is answered at once. One that has not started its rank within
-:meth:`WarmPool.wait_bound` is wedged: killed, its exit is the rank's.
+The pool starts one ``python -m trainer.warm``, the *template*: it imports once and forks
+a spare whenever asked (``nodeagent.warm_template``), in milliseconds. A spare has its own
+session (its PID will be its rank's process group's id, as for a rank started cold) and
+socket (``proto.warm``): ``READY``, then one launch line. :meth:`WarmPool.take` hands a
+ready spare the launch, waits for ``STARTED`` and returns it as the rank's process; a fork
+replaces it at once. With none ready, the template forks one for the launch; a template
+still importing (the agent just started) is handed the launch itself, answered at once: a
+cold start would repeat its imports from the beginning, beside it, so it is never the
+faster. It forks its successor, then becomes the rank; one that has not within
+:meth:`WarmPool.wait_bound` is wedged, killed, and its exit is the rank's.
 
-A forked spare is the template's child, not the agent's: its rank is watched as an adopted
-rank is (``nodeagent.adoption``), its status, a signal's too, from the exit record the
-template writes as it reaps it. A template with threads besides its main one cannot fork
-safely: the pool then starts spares with ``exec``, each importing for itself, a few at a
-time (``imports_at_once``), a replacement ``refill_delay_s`` after a launch.
+A forked rank is the template's child, not the agent's: it is watched as an adopted rank
+is (``nodeagent.adoption``), its status, a signal's too, from the exit record the template
+writes as it reaps it. A template with threads besides its main one cannot fork safely:
+then spares are started with ``exec``, each importing for itself, a few at a time
+(``imports_at_once``), a replacement ``refill_delay_s`` after a launch.
 
-The pool fails no launch itself: without a spare, when a hand-over does not take, or when
+The pool fails no launch: without an interpreter, when a hand-over does not take, or when
 the rank's environment differs from the interpreters' in a setting read at import time
 (:func:`import_time_difference`), ``take`` returns None and the caller starts the rank
-cold. An exec'd spare that dies before it is ready is replaced only when a launch asks,
-and a dead template is started again after a backoff: a broken install never loops. The
-template and idle spares are killed when the agent shuts down; ranks are not (they outlive
-the agent, and so does an interpreter already handed its launch).
+cold. A dead template is started again after a backoff, an exec'd spare that died before
+it was ready only when a launch asks: a broken install never loops. The template and idle
+spares die with the agent's shutdown; ranks do not, nor an interpreter handed its launch.
 
-They outlive an agent that dies (a crash, ``kill -9``): their sockets in the run directory
-are named by PID, start time and a stamp of the code they imported
-(``ringmaster.rundir.spare_dir``), and the restarted agent adopts them
-(:meth:`WarmPool.adopt`) before starting any, so a rank failing right after an agent
-restart waits for no imports. Ones of other code (an upgrade between the two agents) are
-killed instead, and a new template started; one no agent connects to again exits on its
-own (``trainer.warm_rank.ORPHAN_S``).
-
-The agent never imports the trainer: the template and spares are processes, like ranks.
+They outlive an agent that dies (a crash, ``kill -9``): their sockets are named by PID,
+start time and a stamp of the code they imported (``ringmaster.rundir.spare_dir``), and
+the restarted agent adopts them (:meth:`WarmPool.adopt`) before starting any. Ones of other
+code (an upgrade in between) are killed instead; one no agent connects to again exits on
+its own (``trainer.warm_rank.ORPHAN_S``). The agent never imports the trainer.
 """
 
 from __future__ import annotations
@@ -131,15 +125,14 @@ class WarmPool:
         """Take over the template and spares the agent before this one left running; how
         many spares. Call it before :meth:`resize`, so none is started that an adopted one
         would stand for."""
-        for found, env, reader, writer in await predecessors_spares(
-            self.run_dir, code_stamp(self.command)
-        ):
+        stamp = code_stamp(self.command)
+        for found, env, reader, writer in await predecessors_spares(self.run_dir, stamp):
             spare = Spare(found.pid, found.started, env, reader, writer, found.path)
             if not found.template:
                 self.spares.append(spare)
                 self._background(self._await_ready(spare))
             elif self.templates.current is None:
-                self.templates.current = spare
+                self.templates.current, self.templates.stamp = spare, stamp
             else:  # two templates: an agent died as it replaced one
                 self._background(kill(spare))
         template = self.templates.current
@@ -167,25 +160,44 @@ class WarmPool:
         if (name := import_time_difference(spare.env, launch.env)) is not None:
             log.info("rank environment differs at import time: rank starts cold", variable=name)
             return None
+        successor = None
         if spare is self.templates.ready():
-            spare = await self._fork_now()
+            spare = await self.templates.fork(ready=True)
             if spare is None:
                 log.info("no spare forked: rank starts cold")
                 self._refill()
                 return None
         elif spare is self.templates.current:
-            self.templates.hand_over()  # still importing: it becomes the rank
+            successor = self.templates.hand_over()  # still importing: it becomes the rank
         else:
             self.spares.remove(spare)
         spare.socket.unlink(missing_ok=True)  # a rank from now on: no agent may adopt it
         self._refill()
-        launch = msgspec.structs.replace(launch, exit_record=str(exit_record))
+        launch = msgspec.structs.replace(
+            launch, exit_record=str(exit_record), successor=str(successor or "")
+        )
         if spare.ready:
             return spare.as_rank(job, exit_record) if await hand_over(spare, launch) else None
         if not await send(spare, launch):
             return None
-        self._background(hand_over_later(spare, self.wait_bound(), lambda: self._closed))
+        log.info(
+            "warm interpreter still importing: it starts the rank when ready",
+            pid=spare.pid,
+            importing_s=round(time.monotonic() - spare.born, 2),
+            bound_s=round(self.wait_bound(), 1),
+        )
+        if successor is None:
+            self._background(hand_over_later(spare, self.wait_bound(), lambda: self._closed))
+        else:
+            self._background(self._hand_over_template(spare, successor))
         return spare.as_rank(job, exit_record)
+
+    async def _hand_over_template(self, template: Spare, successor: Path) -> None:
+        """The template handed a launch: its successor first, then its STARTED."""
+        answered = await self.templates.handed(template, successor, self.wait_bound())
+        self._background(self._top_up())  # (exec'd spares, where it had a thread)
+        bound = HANDOVER_S if answered else 0.0
+        await hand_over_later(template, bound, lambda: self._closed)
 
     def _choose(self) -> Spare | None:
         """A ready spare; else the ready template (to fork one now: milliseconds); else a
@@ -196,17 +208,6 @@ class WarmPool:
             or next(iter(self.spares), None)
             or self.templates.current
         )
-
-    async def _fork_now(self) -> Spare | None:
-        """A spare forked for a launch that found none ready, once it is ready."""
-        spare = await self.templates.fork()
-        if spare is None:
-            return None
-        with contextlib.suppress(TimeoutError):
-            if await asyncio.wait_for(settle(spare), HANDOVER_S):
-                return spare
-        await kill(spare)
-        return None
 
     def wait_bound(self) -> float:
         """How long one handed a launch while importing may take to start it."""
@@ -233,6 +234,11 @@ class WarmPool:
         if self.preload:
             env[PRELOAD_ENV] = self.preload
         return env
+
+    def _exec(self) -> Coroutine[Any, Any, Spare | None]:
+        """A spare that imports for itself (where the template may not fork)."""
+        directory, stamp = spare_dir(self.run_dir), code_stamp(self.command)
+        return start(self.command, directory, stamp, self._env(), self.log_path, template=False)
 
     def _template_ready(self, import_s: float | None) -> None:
         if import_s is not None:
@@ -272,17 +278,7 @@ class WarmPool:
             forking = self.templates.forks
             self._starting += 1
             try:
-                if forking:
-                    spare = await self.templates.fork()
-                else:
-                    spare = await start(
-                        self.command,
-                        spare_dir(self.run_dir),
-                        code_stamp(self.command),
-                        self._env(),
-                        self.log_path,
-                        template=False,
-                    )
+                spare = await (self.templates.fork() if forking else self._exec())
             finally:
                 self._starting -= 1
             if spare is None:

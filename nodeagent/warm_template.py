@@ -13,13 +13,16 @@ The template is kept while the pool wants spares: one that dies is started again
 that dies before it has served :data:`STEADY_S` is retried with the project's backoff
 (``ringmaster.retry``), so a broken install costs a start per backoff, never a loop. The
 template handed a launch while still importing becomes that rank (``take`` has nothing
-sooner to offer); the next one starts ``refill_delay_s`` later, when the ranks starting at
+sooner to offer), once it has forked its successor: the pool connects to that one on its
+new socket and forks from it, no import lost. Without a successor (the template had a
+thread, or died) the next one starts ``refill_delay_s`` later, when the ranks starting at
 that moment have had the node's cores for their own imports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +35,7 @@ import structlog
 
 from nodeagent.spare import Spare, connect, kill, settle, start
 from nodeagent.spare_adoption import code_stamp
-from nodeagent.spare_handover import HANDOVER_S
+from nodeagent.spare_handover import HANDOVER_S, successor
 from proto.warm import Fork, Forked, Preload, Preloaded
 from ringmaster.procs import wait_until_async
 from ringmaster.retry import retrying_async
@@ -69,6 +72,7 @@ class Templates:
     preloaded: str = ""  # the script whose libraries the current template imported
     _asking: asyncio.Lock = field(default_factory=asyncio.Lock)
     _task: asyncio.Task[None] | None = None
+    _succession: asyncio.Future[Spare | None] | None = None  # of the template handed a launch
 
     def keep(self) -> None:
         """Keep a template running (cheap to call again)."""
@@ -78,12 +82,32 @@ class Templates:
     def ready(self) -> Spare | None:
         return self.current if self.current is not None and self.current.ready else None
 
-    def hand_over(self) -> Spare:
-        """The current template, to become a rank: the pool's no longer (the next starts
-        after ``refill_delay_s``)."""
-        template, self.current = self.current, None
-        assert template is not None
-        return template
+    def hand_over(self) -> Path:
+        """The current template (still importing) is to become a rank: the pool's no
+        longer; where its successor is to listen (:meth:`handed` follows it)."""
+        self.current = None
+        self._succession = asyncio.get_running_loop().create_future()
+        return self.directory / f"new-{uuid.uuid4().hex[:12]}.sock"
+
+    async def handed(self, template: Spare, fresh: Path, bound: float) -> bool:
+        """Once ``template``, handed a launch, is done importing: its successor, connected
+        to at ``fresh``, is the pool's template (without one, the next is started after
+        ``refill_delay_s``). Whether it answered within ``bound`` (its STARTED follows)."""
+        new: Spare | None = None
+        try:
+            forked = await successor(template, bound)
+            if forked is not None and forked.threads:
+                await self._no_forks(template, forked.threads)
+            elif forked is not None and forked.pid:
+                env = template.env
+                new = await connect(fresh, forked.pid, self.stamp, env, template=True)
+            elif forked is not None:
+                log.warning("warm template forked no successor", error=forked.error)
+            self.current = new or self.current
+            return forked is not None
+        finally:
+            if self._succession is not None and not self._succession.done():
+                self._succession.set_result(new)
 
     async def stop(self) -> None:
         """No more templates: kill the current one (its forks and ranks live on)."""
@@ -94,9 +118,20 @@ class Templates:
         if template is not None:
             await kill(template)
 
-    async def fork(self) -> Spare | None:
-        """A spare forked from the ready template (its READY to come), after the imports of
-        the script :attr:`preload` names; None without one."""
+    async def fork(self, *, ready: bool = False) -> Spare | None:
+        """A spare forked from the ready template, after the imports of the script
+        :attr:`preload` names; None without one. ``ready``: once it has said READY (for a
+        launch that found no spare ready: milliseconds), else with its READY to come."""
+        spare = await self._fork()
+        if spare is None or not ready:
+            return spare
+        with contextlib.suppress(TimeoutError):
+            if await asyncio.wait_for(settle(spare), HANDOVER_S):
+                return spare
+        await kill(spare)
+        return None
+
+    async def _fork(self) -> Spare | None:
         async with self._asking:
             template = self.ready()
             if template is None:
@@ -184,7 +219,7 @@ class Templates:
                 raise TemplateDied("it could not be started")
             self.current = template
         ready_at = None
-        if await settle(template):
+        if await settle(template):  # (a successor says READY on its new socket)
             ready_at = time.monotonic()
             import_s = None  # an adopted one began importing before this agent
             if template.child is not None:
@@ -197,7 +232,8 @@ class Templates:
 
         await wait_until_async(gone, None, POLL_S)
         if template is not self.current:  # handed a launch: a rank now
-            await asyncio.sleep(self.refill_delay_s)
+            if self._succession is None or await self._succession is None:
+                await asyncio.sleep(self.refill_delay_s)  # no successor: start the next
             return
         self.current = None
         code = await kill(template)

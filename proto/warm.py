@@ -17,7 +17,10 @@ any number of :class:`Fork` and :class:`Preload` lines on the same connection, e
 answered with one JSON line (:class:`Forked`, :class:`Preloaded`). A fork is a spare: a
 child of the template listening on the socket the request names, which talks to the agent
 as above (``READY``, one launch, ``STARTED``) and never forks itself. Every line the agent
-sends is one of :data:`Request`, told apart by its ``type``.
+sends is one of :data:`Request`, told apart by its ``type``. A launch handed to the
+template itself (it was still importing) names where its successor listens: the template
+forks it first, answers :class:`Forked`, then becomes the rank as a spare does, and the
+successor goes on as the template on its new socket (the agent connects to it there).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="
     # the rank's exit record (``ringmaster.rundir.exit_beside``): where the template writes
     # the status it reaps when a spare it forked ends as this rank; empty: none
     exit_record: str = ""
+    # for a template handed this launch: where the template that goes on after it listens
+    # (it forks that successor first, and says so with a :class:`Forked` line before
+    # ``STARTED``); empty: none (a spare, or an interpreter that is no template)
+    successor: str = ""
 
 
 class Fork(msgspec.Struct, forbid_unknown_fields=True, tag="fork"):

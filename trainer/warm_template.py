@@ -22,9 +22,15 @@ included (``nodeagent.adoption``).
 
 On the agent's connection the template answers each request in turn, and goes back to
 accepting when the connection ends (the agent died: its successor adopts the template, as
-it does spares). A launch makes the template itself the rank: the agent sends one only
-while the template is still importing, when no fork can serve sooner. No agent within the
-orphan time ends it; its ranks then are init's, their statuses only what they record.
+it does spares). No agent within the orphan time ends it; its ranks then are init's, their
+statuses only what they record.
+
+A launch makes the template itself the rank: the agent sends one only while the template
+is still importing (the agent just started), when no fork can serve sooner. The imports
+are not lost with it: once they are done, the template first forks its successor, which
+goes on as the template on a new socket the launch names, in a session of its own, and
+only then becomes the rank (the process the agent started, so the agent still waits for
+it as its child).
 """
 
 from __future__ import annotations
@@ -88,8 +94,7 @@ class _Template:
             os.set_blocking(fd, False)
         signal.set_wakeup_fd(self.wakeup[1], warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd hears it
-        self.selector.register(self.wakeup[0], selectors.EVENT_READ, self._reap)
-        self.selector.register(self.listener, selectors.EVENT_READ, self._accept)
+        self._listen(self.listener)
         self._reap()  # a child that ended before the handler was set
         while True:
             left = None
@@ -99,6 +104,14 @@ class _Template:
                     os._exit(0)  # no agent came back for it: the node is going away
             for key, _ in self.selector.select(left):
                 key.data()
+
+    def _listen(self, listener: socket.socket) -> None:
+        """Serve agents on ``listener``, none connected yet."""
+        self.listener = listener
+        self.conn, self.pending, self.alone_since = None, b"", time.monotonic()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.wakeup[0], selectors.EVENT_READ, self._reap)
+        self.selector.register(listener, selectors.EVENT_READ, self._accept)
 
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
@@ -135,6 +148,12 @@ class _Template:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             refuse(exc)
         if isinstance(request, WarmLaunch):
+            if request.successor:
+                successor = self._succeed(request.successor)
+                if successor is None:
+                    return  # this is the successor: the template from now on
+                with contextlib.suppress(OSError):
+                    conn.sendall(msgspec.json.encode(successor) + b"\n")
             self._forget()
             become(conn, self.listener, request, self.main, ready=self.ready, note=self.note)
         answer: Forked | Preloaded = (
@@ -150,22 +169,14 @@ class _Template:
         return Preloaded(script=request.script, imports_s=round(time.monotonic() - begun, 3))
 
     def _fork(self, request: Fork) -> Forked:
-        if threads := len(task_ids()) - 1:
-            print(
-                f"trainer.warm: template pid {os.getpid()} has {threads} thread(s) besides "
-                "its main one: it forks no spare",
-                file=sys.stderr,
-                flush=True,
-            )
+        if threads := _threads():
             return Forked(threads=threads)
         try:
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener = _listening(request.socket)
         except OSError as exc:
             return Forked(error=str(exc))
         with listener:
             try:
-                listener.bind(request.socket)
-                listener.listen(1)
                 record_r, record_w = os.pipe()
             except OSError as exc:
                 return Forked(error=str(exc))
@@ -181,6 +192,35 @@ class _Template:
         os.set_blocking(record_r, False)
         self.children[pid] = record_r
         return Forked(pid=pid)
+
+    def _succeed(self, path: str) -> Forked | None:
+        """Fork the template that goes on once this one becomes a rank, listening at
+        ``path``: its PID here (or why there is none); None in the fork itself, which has
+        dropped the agent's connection and the old socket (the agent connects anew)."""
+        if threads := _threads():
+            return Forked(threads=threads)
+        try:
+            listener = _listening(path)
+        except OSError as exc:
+            return Forked(error=str(exc))
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            listener.close()
+            return Forked(error=str(exc))
+        if pid:
+            listener.close()
+            return Forked(pid=pid)
+        os.setsid()
+        self.selector.close()
+        self.listener.close()
+        if self.conn is not None:
+            self.conn.close()
+        for fd in self.children.values():  # (the agent hands a launch to none that forked)
+            os.close(fd)
+        self.children.clear()
+        self._listen(listener)
+        return None
 
     def _child(self, listener: socket.socket, record_w: int) -> NoReturn:
         """In the fork: a spare of its own session, nothing of the template's kept."""
@@ -233,3 +273,28 @@ class _Template:
                     with contextlib.suppress(OSError):
                         write_exit(Path(os.fsdecode(record)), pid, code)
             os.waitpid(pid, 0)
+
+
+def _threads() -> int:
+    """This process's threads besides its main one (said in the pool's log: none is forked
+    while there are any)."""
+    if threads := len(task_ids()) - 1:
+        print(
+            f"trainer.warm: template pid {os.getpid()} has {threads} thread(s) besides its "
+            "main one: it forks nothing",
+            file=sys.stderr,
+            flush=True,
+        )
+    return threads
+
+
+def _listening(path: str) -> socket.socket:
+    """A Unix socket listening at ``path``, for a fork to serve the agent on."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(1)
+    except OSError:
+        listener.close()
+        raise
+    return listener

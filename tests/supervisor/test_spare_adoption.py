@@ -116,8 +116,11 @@ async def test_a_restarted_agent_adopts_the_template_and_its_spare_and_runs_a_ra
     assert await asyncio.wait_for(rank.wait(), 20) == 5  # the template's exit record
     assert "rank 3" in (tmp_path / "r.log").read_text()
     await until(lambda: successor.ready() == 1)  # and the adopted template forks the next
-    pids.append(successor.spares[0].pid)
+    fork = successor.spares[0].pid
+    pids.append(fork)
     assert starts(tmp_path) == 1
+    recorded = {(s.pid, s.template) for s in recorded_spares(tmp_path / "run")[0]}
+    assert recorded == {(fork, False), (template, True)}  # named for the agent after this
 
 
 async def test_an_adopted_template_and_spares_over_the_pools_size_are_killed(

@@ -96,28 +96,29 @@ async def test_a_launch_that_finds_no_spare_ready_gets_a_fork(
     assert starts(tmp_path) == 1
 
 
-async def test_a_template_still_importing_is_handed_the_launch_at_once(
-    tmp_path: Path, spare: list[str], monkeypatch: pytest.MonkeyPatch
+async def test_a_template_still_importing_is_handed_the_launch_and_leaves_a_successor(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A cold start would repeat the imports the template is part-way through; and the
-    launch is answered without waiting for them. The next template starts after the
-    refill delay."""
+    launch is answered without waiting for them. Its imports are not lost: before it
+    becomes the rank it forks its successor, which the pool forks spares from."""
     monkeypatch.setenv("SPARE_DELAY", "1.5")  # still "importing" when the launch comes
-    pool = WarmPool(0, tmp_path / "run", command=spare)
-    try:
-        pool.resize(1)
-        await until(lambda: pool.templates.current is not None)
-        template = pool.templates.current
-        assert template is not None and not template.ready and not pool.spares
-        proc = await take(pool, launch_line(tmp_path, CODE="0"))
-        assert proc is template.child and not (tmp_path / "r.log").exists()  # not yet
-        assert await proc.wait() == 0
-        assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
-        assert pool.import_s is not None and pool.import_s >= 1.5
-        await until(lambda: pool.ready() == 1)  # forked from the next template
-        assert starts(tmp_path) == 2 and template_pid(pool) != template.pid
-    finally:
-        await pool.close()
+    pool.resize(1)
+    await until(lambda: pool.templates.current is not None)
+    template = pool.templates.current
+    assert template is not None and not template.ready and not pool.spares
+    proc = await take(pool, launch_line(tmp_path, CODE="0"))
+    assert proc is template.child and not (tmp_path / "r.log").exists()  # not yet
+    assert await proc.wait() == 0
+    assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
+    assert pool.import_s is not None and pool.import_s >= 1.5
+    await until(lambda: pool.ready() == 1)  # forked from the successor
+    successor = pool.templates.current
+    assert successor is not None and successor.pid != template.pid
+    assert successor.child is None and successor.socket.name.endswith("-template.sock")
+    assert starts(tmp_path) == 1  # (the refill delay, 600 s, held nothing back)
+    proc = await take(pool, launch_line(tmp_path, CODE="3"))
+    assert proc is not None and await proc.wait() == 3
 
 
 async def test_a_template_that_does_not_start_its_rank_in_time_is_killed(
@@ -199,6 +200,20 @@ async def test_a_template_with_threads_means_spares_started_one_at_a_time(
     assert starts(tmp_path) == 3  # the template, then two spares
     proc = await take(pool, launch_line(tmp_path, CODE="6"))
     assert proc is not None and await proc.wait() == 6
+
+
+async def test_a_template_with_a_thread_handed_a_launch_leaves_no_successor(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARE_THREAD", "1")
+    monkeypatch.setenv("SPARE_DELAY", "1")  # still "importing" when the launch comes
+    pool.resize(1)
+    await until(lambda: pool.templates.current is not None)
+    proc = await take(pool, launch_line(tmp_path, CODE="2"))
+    assert proc is not None and await proc.wait() == 2  # the template was the rank
+    await until(lambda: pool.ready() == 1)  # and an exec'd spare stands for it
+    assert not pool.templates.forks and pool.templates.current is None
+    assert pool.spares[0].child is not None and starts(tmp_path) == 2
 
 
 async def test_an_environment_read_at_import_time_means_a_cold_start(

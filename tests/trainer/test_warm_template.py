@@ -247,3 +247,27 @@ def test_the_template_and_its_forks_wait_for_the_next_agent_then_end(
     agent.leave()
     assert agent.proc.wait(30) == 0
     wait_until(lambda: start_time(pid) is None, 30)  # the fork ended too, and was reaped
+
+
+def test_a_template_handed_a_launch_leaves_a_successor_that_forks_on(
+    tmp_path: Path, agents: list[Agent]
+) -> None:
+    """It was still importing when the launch came: it forks the template that goes on,
+    on a socket of its own, then becomes the rank; its imports serve the next forks."""
+    agent = template(tmp_path, agents)
+    rank = launch(tmp_path, "a", CODE="4")
+    rank.successor = str(tmp_path / "successor.sock")
+    agent.conn.sendall(msgspec.json.encode(rank) + b"\n")
+    successor = msgspec.json.decode(agent.words.readline(), type=Forked).pid
+    assert successor and agent.words.readline() == STARTED
+    assert agent.proc.wait(30) == 4  # the template, our child, was the rank
+    agent.forks.append(successor)
+    assert os.getsid(successor) == successor  # a session of its own
+    agent.leave()
+    agent.path = Path(rank.successor)
+    agent.connect()  # the successor says READY on its own socket
+    pid, spare = agent.fork()
+    second = launch(tmp_path, "b", CODE="6")
+    assert agent.launch(spare, second) == STARTED
+    assert exited(Path(second.exit_record), pid) == ExitRecord(pid, 6)
+    assert agent.starts() == 1
