@@ -103,7 +103,8 @@ class Templates:
                 new = await connect(fresh, forked.pid, self.stamp, env, template=True)
             elif forked is not None:
                 log.warning("warm template forked no successor", error=forked.error)
-            self.current = new or self.current
+            if new is not None:
+                self.current = new
             return forked is not None
         finally:
             if self._succession is not None and not self._succession.done():

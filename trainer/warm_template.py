@@ -21,9 +21,9 @@ to that record before reaping it, so the agent reports it as it would a child's,
 included (``nodeagent.adoption``).
 
 On the agent's connection the template answers each request in turn, and goes back to
-accepting when the connection ends (the agent died: its successor adopts the template, as
-it does spares). No agent within the orphan time ends it; its ranks then are init's, their
-statuses only what they record.
+accepting when the connection ends (the agent died: the one restarted after it adopts the
+template, as it does spares). No agent within the orphan time ends it; its ranks then are
+init's, their statuses only what they record.
 
 A launch makes the template itself the rank: the agent sends one only while the template
 is still importing (the agent just started), when no fork can serve sooner. The imports
