@@ -12,20 +12,28 @@ An adopted rank is not this agent's child, so it cannot be ``wait()``-ed: its ex
 through a pidfd (readable once the process has exited), or by polling where pidfds are
 not available, and its status is read from the exit record the rank left beside its PID
 file (``ringmaster.rundir.read_exit``). A rank that died without one (a SIGKILL) has no
-known status: ``wait`` returns None.
+known status: ``wait`` returns None. The record is read once the process is reaped, not
+merely exited: a rank forked from a template interpreter (``nodeagent.warm_pool``) is the
+template's child, and the template writes the status it reaps (a signal too) just before
+it reaps it. The same class watches such a rank from the start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from ringmaster.procs import wait_until_async
+from ringmaster.procs import start_time, wait_until_async
 from ringmaster.rundir import JobDir, is_rank, live_ranks, read_exit
 
 POLL_S = 0.2  # how often a rank is looked at without a pidfd
+# How long an exited rank may stay a zombie before its record is read all the same: its
+# parent reaps it at once (a template, or init once the agent that started it is gone)
+# unless that parent is wedged.
+REAP_S = 5.0
 
 
 class Found(NamedTuple):
@@ -90,6 +98,8 @@ class AdoptedRank:
         finally:
             if fd is not None:
                 os.close(fd)
+        with contextlib.suppress(TimeoutError):  # (at once for a process long gone)
+            await wait_until_async(self._reaped, REAP_S, POLL_S / 10)
         record = read_exit(self._record)
         if record is not None and record.pid == self.pid:
             self.returncode = record.code
@@ -100,6 +110,10 @@ class AdoptedRank:
 
     async def _gone(self) -> bool:
         return not self._running()
+
+    async def _reaped(self) -> bool:
+        """No zombie of it is left (its PID is gone, or another process's now)."""
+        return self._started is None or start_time(self.pid) != self._started
 
 
 async def _readable(fd: int) -> None:

@@ -195,11 +195,12 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     simulated: bool = False
     gpus: int | None = None  # ranks this node can host; NVML's count if unset
     # spare interpreters with the training stack imported, so a rank (re)starts without
-    # a cold Python start (nodeagent.warm_pool); unset: one per GPU, two on a simulated
-    # node, one on a GPU-less one; 0: none
+    # a cold Python start (nodeagent.warm_pool: forks of one template that imports once);
+    # unset: one per GPU, two on a simulated node, one on a GPU-less one; 0: none
     warm_ranks: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    # how long after a spare becomes a rank its replacement starts: its imports would
-    # compete for CPU with the ranks starting at that moment
+    # how long after a launch a new interpreter that imports starts (a template that left
+    # no successor, or a spare where the template may not fork): its imports would compete
+    # for CPU with the ranks starting at that moment. A fork's refill is not delayed.
     warm_refill_delay_s: NonNegative = 5.0
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     hang_check_s: Positive = 0.5  # how often ranks' beats are read (nodeagent.hangwatch)

@@ -1,5 +1,6 @@
-"""One spare interpreter as the pool sees it (``nodeagent.warm_pool``): its process and
-connection, whether it can serve a rank's environment, and how it ends."""
+"""One warm interpreter as the pool sees it (``nodeagent.warm_pool``): a spare, or the
+template spares are forked from; its process and connection, how one is started with
+``exec``, whether it can serve a rank's environment, and how it ends."""
 
 from __future__ import annotations
 
@@ -7,13 +8,22 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import structlog
+
 from nodeagent.adoption import AdoptedRank, RankProcess
+from proto.warm import LISTEN_FD_ENV, READY
 from ringmaster.procs import pid_alive, start_time
+from ringmaster.rundir import spare_socket
+
+log = structlog.get_logger()
+
 
 # Read when torch, DeepSpeed, OpenMP, the dynamic loader or Python itself start: a spare
 # started under other values cannot become a rank that needs these. What torch reads when
@@ -51,8 +61,9 @@ def import_time_difference(spare: Mapping[str, str], rank: Mapping[str, str]) ->
 
 @dataclass(eq=False)
 class Spare:
-    """A spare and the pool's connection to it. ``child`` is None for a spare adopted from
-    the agent before this one: known by its PID and start time, not waitable."""
+    """A warm interpreter and the pool's connection to it. ``child`` is None for one this
+    agent did not start (adopted from the agent before it, or forked from the template):
+    known by its PID and start time, not waitable."""
 
     pid: int
     started: int | None
@@ -71,11 +82,24 @@ class Spare:
         return pid_alive(self.pid) and start_time(self.pid) == self.started
 
     def as_rank(self, job: str, exit_record: Path) -> RankProcess:
-        """The rank's process: the child itself, or an adopted spare watched as an adopted
-        rank is (its status from the exit record it leaves)."""
+        """The rank's process: the child itself, or a spare that is not watched as an
+        adopted rank is (its status from its exit record, which a forked spare's template
+        writes as it reaps it)."""
         if self.child is not None:
             return self.child
         return AdoptedRank(job, self.pid, self.started, exit_record)
+
+
+async def settle(spare: Spare) -> bool:
+    """Read its READY (sent once its imports are done); whether it came."""
+    word = b""
+    try:
+        with contextlib.suppress(OSError):
+            word = await spare.reader.readline()
+    finally:
+        spare.ready = word == READY
+        spare.settled.set()
+    return spare.ready
 
 
 def close(spare: Spare) -> None:
@@ -94,3 +118,80 @@ async def kill(spare: Spare) -> int | None:
     if spare.child is not None:
         return await spare.child.wait()
     return None
+
+
+async def start(
+    command: Sequence[str],
+    directory: Path,
+    stamp: str,
+    env: Mapping[str, str],
+    log_path: Path,
+    *,
+    template: bool,
+) -> Spare | None:
+    """A new interpreter (``exec``) in its own session, listening on a socket bound here
+    and named, once its PID is known, where a restarted agent finds it; connected to, its
+    READY to come. ``env``: its whole environment; ``template``: named as the template."""
+    fresh = directory / f"new-{uuid.uuid4().hex[:12]}.sock"
+    try:
+        with contextlib.closing(_listening(fresh, log_path)) as sock, log_path.open("ab") as logf:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                env={**env, LISTEN_FD_ENV: str(sock.fileno())},
+                pass_fds=(sock.fileno(),),
+                start_new_session=True,
+            )
+        path, started = _named(fresh, proc.pid, stamp, template=template)
+        reader, writer = await asyncio.open_unix_connection(str(path))
+    except OSError as exc:
+        fresh.unlink(missing_ok=True)
+        log.warning("cannot start a warm interpreter", error=str(exc))
+        return None
+    return Spare(proc.pid, started, dict(env), reader, writer, path, child=proc)
+
+
+async def connect(
+    fresh: Path, pid: int, stamp: str, env: dict[str, str], *, template: bool = False
+) -> Spare | None:
+    """A spare forked from the template (or the template's successor), listening at
+    ``fresh``: its socket named where a restarted agent finds it, connected to (its READY
+    to come)."""
+    path = fresh
+    try:
+        path, started = _named(fresh, pid, stamp, template=template)
+        reader, writer = await asyncio.open_unix_connection(str(path))
+    except OSError as exc:
+        path.unlink(missing_ok=True)
+        log.warning("cannot reach a forked warm interpreter", pid=pid, error=str(exc))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)  # (it may not lead its own session yet)
+        return None
+    return Spare(pid, started, env, reader, writer, path)
+
+
+def _listening(path: Path, log_path: Path) -> socket.socket:
+    """A Unix socket listening at ``path`` (its directory made, the log's too)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        sock.listen(1)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _named(fresh: Path, pid: int, stamp: str, *, template: bool) -> tuple[Path, int | None]:
+    """The socket at ``fresh`` renamed after its process (``ringmaster.rundir.spare_socket``),
+    and the process's start time; left as it is when that is unknown (the process is gone)."""
+    started = start_time(pid)
+    if started is None:
+        return fresh, None
+    path = spare_socket(fresh.parent, pid, started, stamp, template=template)
+    fresh.rename(path)
+    return path, started

@@ -1,14 +1,15 @@
-"""Warm interpreters an agent that died left running, found and taken over by the agent
-started after it.
+"""Warm interpreters an agent that died left running (the template and its spares),
+found and taken over by the agent started after it.
 
-A spare is not a rank, yet it is just as costly to lose: its imports take seconds (16 to
-19 s on two busy cores), and a rank failing right after an agent restart would wait for
-them. So spares outlive their agent the way ranks do. Each listens on a socket in the run
-directory (``ringmaster.rundir.spare_dir``) named by its PID, its start time and the stamp
-of the code it imported; the restarted agent connects to every one whose process still
-runs. A spare that has become a rank closed its socket (the connection is refused), and
-one whose code differs from what this agent would start (an upgrade between the two
-agents) is killed: it would train with the old code.
+A spare is not a rank, yet it is just as costly to lose, and its template more so: the
+template's imports take seconds (16 to 19 s on two busy cores), and without it every spare
+would need them again. So they outlive their agent the way ranks do. Each listens on a
+socket in the run directory (``ringmaster.rundir.spare_dir``) named by its PID, its start
+time and the stamp of the code it imported (the template's name says it is one); the
+restarted agent connects to every one whose process still runs. One that has become a rank
+closed its socket (the connection is refused), and one whose code differs from what this
+agent would start (an upgrade between the two agents) is killed: it would train with the
+old code.
 """
 
 from __future__ import annotations

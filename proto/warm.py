@@ -1,5 +1,5 @@
-"""The line a node agent hands a warm interpreter (``python -m trainer.warm``) to make it a
-rank, and the words the interpreter answers with.
+"""The lines a node agent hands a warm interpreter (``python -m trainer.warm``) to make it a
+rank or to fork spares from it, and the words and lines the interpreter answers with.
 
 A warm interpreter has imported the training stack before any job existed; the launch
 line gives it everything a rank started cold gets from ``exec``: its whole environment,
@@ -11,6 +11,16 @@ says ``STARTED`` once it has taken it on (environment, directory and log applied
 before it runs the worker. A connection that ends without a launch (the agent died) sends
 the interpreter back to waiting for the next agent on the same socket, for
 ``$RINGMASTER_SPARE_ORPHAN_S`` seconds at most, after which it exits.
+
+The interpreter the agent starts is a *template*: before any launch, the agent may send it
+any number of :class:`Fork` and :class:`Preload` lines on the same connection, each
+answered with one JSON line (:class:`Forked`, :class:`Preloaded`). A fork is a spare: a
+child of the template listening on the socket the request names, which talks to the agent
+as above (``READY``, one launch, ``STARTED``) and never forks itself. Every line the agent
+sends is one of :data:`Request`, told apart by its ``type``. A launch handed to the
+template itself (it was still importing) names where its successor listens: the template
+forks it first, answers :class:`Forked`, then becomes the rank as a spare does, and the
+successor goes on as the template on its new socket (the agent connects to it there).
 """
 
 from __future__ import annotations
@@ -21,11 +31,11 @@ READY = b"ready\n"
 STARTED = b"started\n"
 LISTEN_FD_ENV = "RINGMASTER_SPARE_FD"
 ORPHAN_S_ENV = "RINGMASTER_SPARE_ORPHAN_S"
-# a user's entry script whose top-level imports the spare imports too, ahead of its launch
+# a user's entry script whose top-level imports the interpreter imports too, at its start
 PRELOAD_ENV = "RINGMASTER_SPARE_PRELOAD"
 
 
-class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="launch"):
     env: dict[str, str]  # replaces the interpreter's environment whole
     cwd: str
     log: str  # opened for appending, becomes stdout and stderr
@@ -34,3 +44,42 @@ class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a user's entry script to run as ``__main__`` with ``argv`` (as ``python SCRIPT ARGV``
     # would); empty: the built-in trainer (``trainer.worker``'s main with ``argv``)
     script: str = ""
+    # the rank's exit record (``ringmaster.rundir.exit_beside``): where the template writes
+    # the status it reaps when a spare it forked ends as this rank; empty: none
+    exit_record: str = ""
+    # for a template handed this launch: where the template that goes on after it listens
+    # (it forks that successor first, and says so with a :class:`Forked` line before
+    # ``STARTED``); empty: none (a spare, or an interpreter that is no template)
+    successor: str = ""
+
+
+class Fork(msgspec.Struct, forbid_unknown_fields=True, tag="fork"):
+    """Fork a spare listening on a new socket at ``socket`` (the template binds it before
+    it answers, so the agent may connect as soon as it reads the answer)."""
+
+    socket: str
+
+
+class Preload(msgspec.Struct, forbid_unknown_fields=True, tag="preload"):
+    """Import what ``script`` imports (``trainer.warm_scripts.preload_script``), so the
+    spares forked from now on have it imported."""
+
+    script: str
+
+
+Request = WarmLaunch | Fork | Preload
+
+
+class Forked(msgspec.Struct, kw_only=True):
+    """A fork's answer: the spare's PID, or why there is none. ``threads`` (besides the main
+    one) means this template never forks: a child of a process with other threads may
+    inherit a lock one of them held."""
+
+    pid: int = 0
+    threads: int = 0
+    error: str = ""
+
+
+class Preloaded(msgspec.Struct, kw_only=True):
+    script: str
+    imports_s: float  # how long the imports took (the template's CPU, not a rank's)

@@ -10,13 +10,18 @@
                                         a warm interpreter's listening socket, named by
                                         its PID, start time and code stamp (see
                                         spare_dir for deep run directories)
+    <run_dir>/spares/<pid>-<start>-<stamp>-template.sock
+                                        the same for the interpreter the others are
+                                        forked from (``trainer.warm_template``)
     <run_dir>/jobs/<job>/spec.json      the job spec the ranks read ($RINGMASTER_JOB_SPEC)
     <run_dir>/jobs/<job>/attempt        the attempt of the job the ranks below belong to
     <run_dir>/jobs/<job>/peers.json     the job's other nodes' probe addresses (its launch)
     <run_dir>/jobs/<job>/rank-<r>.pid   rank r's PID (also its process group's id) and
                                         start time: "<pid> <ticks since boot>"
     <run_dir>/jobs/<job>/rank-<r>.exit  rank r's exit record, which the rank writes just
-                                        before it exits: "<pid> <exit status>"
+                                        before it exits: "<pid> <exit status>" (for a
+                                        rank forked from a template, the template too,
+                                        as it reaps it: "<pid> -<signal>" if killed)
     <run_dir>/jobs/<job>/rank-<r>.beat  rank r's beat (``ringmaster.rankbeat``)
     <run_dir>/jobs/<job>/rank-<r>.log   rank r's stdout and stderr
     <run_dir>/jobs/<job>/pre-start.log  the job's pre-start hook's output
@@ -37,8 +42,11 @@ A restarted agent reads it too: it re-adopts the live ranks its predecessor star
 (``nodeagent.adoption``), with the job's attempt from ``attempt``. Such a rank is not the
 new agent's child, so its exit status cannot be waited for: the rank leaves it in its exit
 record (the trainer does, ``ringmaster.rank.termination``), and a rank that dies without one (a
-SIGKILL) has an unknown status. A launch clears the previous attempt's PID files, exit
-records and beats, so whatever is found here belongs to the attempt ``attempt`` names.
+SIGKILL) has an unknown status. A rank forked from a template interpreter is never the
+agent's child: the template, its parent, leaves the status it reaps in the record, a
+signal included, so the agent knows it as it knows a child's. A launch clears the
+previous attempt's PID files, exit records and beats, so whatever is found here belongs to
+the attempt ``attempt`` names.
 """
 
 from __future__ import annotations
@@ -95,8 +103,8 @@ def warm_pool_log(run_dir: Path) -> Path:
     return run_dir / "warm-pool.log"
 
 
-_SPARE = re.compile(r"(\d+)-(\d+)-([0-9a-f]{12})\.sock")
-_SPARE_NAME_MAX = len("4194304-18446744073709551615-0123456789ab.sock")
+_SPARE = re.compile(r"(\d+)-(\d+)-([0-9a-f]{12})(-template)?\.sock")
+_SPARE_NAME_MAX = len("4194304-18446744073709551615-0123456789ab-template.sock")
 
 
 def spare_dir(run_dir: Path) -> Path:
@@ -113,16 +121,20 @@ def spare_dir(run_dir: Path) -> Path:
 
 class RecordedSpare(NamedTuple):
     """A warm interpreter's socket and what its name says: whose it is (PID and start
-    time, ``ringmaster.procs.start_time``) and what code it imported (``stamp``)."""
+    time, ``ringmaster.procs.start_time``), what code it imported (``stamp``) and whether
+    it is the template the node's spares are forked from."""
 
     pid: int
     started: int
     stamp: str
     path: Path
+    template: bool = False
 
 
-def spare_socket(directory: Path, pid: int, started: int, stamp: str) -> Path:
-    return directory / f"{pid}-{started}-{stamp}.sock"
+def spare_socket(
+    directory: Path, pid: int, started: int, stamp: str, *, template: bool = False
+) -> Path:
+    return directory / f"{pid}-{started}-{stamp}{'-template' if template else ''}.sock"
 
 
 def recorded_spares(run_dir: Path) -> tuple[list[RecordedSpare], list[Path]]:
@@ -133,7 +145,7 @@ def recorded_spares(run_dir: Path) -> tuple[list[RecordedSpare], list[Path]]:
         if (m := _SPARE.fullmatch(path.name)) is None:
             other.append(path)
         else:
-            spares.append(RecordedSpare(int(m[1]), int(m[2]), m[3], path))
+            spares.append(RecordedSpare(int(m[1]), int(m[2]), m[3], path, bool(m[4])))
     return spares, other
 
 
@@ -272,7 +284,7 @@ def stacks_beside(spec: Path, rank: int) -> Path:
 
 # The agent's fallback ask for a rank's stacks when the FIFO's thread does not answer: the
 # rank's ``faulthandler`` on this signal. Not SIGUSR1, which is Slurm's warning before a
-# job's end (``--signal=USR1@90``), a preemption notice to the rank (ringmaster.rank.termination).
+# job's end (``--signal=USR1@90``), a preemption notice to the rank (trainer.termination).
 STACKS_SIGNAL = signal.SIGUSR2
 
 
@@ -289,7 +301,9 @@ def exit_beside(spec: Path, rank: int) -> Path:
 
 class ExitRecord(NamedTuple):
     pid: int
-    code: int  # the process's exit status (0-255)
+    # the process's exit status (0-255), or minus the signal that killed it (a template
+    # reaping a rank it forked knows it, as a parent's ``wait`` does)
+    code: int
 
 
 def write_exit(path: Path, pid: int, code: int) -> None:

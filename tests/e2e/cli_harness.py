@@ -118,10 +118,11 @@ def daemon_addresses(home: Path, network: str = "ctl") -> set[str]:
 
 
 # No spare interpreters unless a scenario asks for them (``ctl.env[WARM] = "1"`` before
-# ``up``): each spare imports torch and DeepSpeed, seconds of CPU per node at every ``up``
-# and again after every launch, which on two cores slows every scenario running beside
-# it; these scenarios check reactions, not restart speed (the benchmarks do), and a rank
-# started cold goes through the same launch as a warm one, less the hand-over.
+# ``up``, or ``RINGMASTER_WARM_RANKS=1`` in the environment): each node's template imports
+# torch and DeepSpeed at every ``up``, seconds of CPU per node whether or not a rank runs
+# there (its spares are forks, milliseconds each); these scenarios check reactions, not
+# restart speed (the benchmarks do), and a rank started cold goes through the same launch
+# as a warm one, less the hand-over.
 WARM = "RINGMASTER_WARM_RANKS"
 SPARES = {WARM: "0"}
 

@@ -266,9 +266,12 @@ async def test_an_adopted_rank_is_seen_to_exit_with_or_without_a_pidfd(
         waiting = asyncio.create_task(rank.wait())
         await until(lambda: rank.ran)
         assert not waiting.done()
-        write_exit(record, proc.pid, 9)
         proc.terminate()
-        assert await asyncio.wait_for(waiting, 20) == 9 and rank.returncode == 9
+        await until(lambda: not pid_alive(proc.pid))  # exited, not reaped yet
+        # its parent leaves the status it reaps, as a template does for a rank it forked
+        write_exit(record, proc.pid, -signal.SIGTERM)
+        await asyncio.to_thread(proc.wait)
+        assert await asyncio.wait_for(waiting, 20) == -signal.SIGTERM == rank.returncode
     finally:
         proc.kill()
         proc.wait()

@@ -100,21 +100,23 @@ def test_long_job_directories_get_a_short_control_socket(tmp_path: Path) -> None
 def test_spare_sockets_fit_and_name_their_process(tmp_path: Path, spawn: Spawn) -> None:
     assert spare_dir(Path("/var/lib/ringmaster")) == Path("/var/lib/ringmaster/spares")
     deep = tmp_path / ("x" * 120)
-    longest = spare_socket(spare_dir(deep), 4194304, 2**64 - 1, "0123456789ab")
+    longest = spare_socket(spare_dir(deep), 4194304, 2**64 - 1, "0123456789ab", template=True)
     assert len(os.fsencode(longest)) < 100 and spare_dir(deep) != spare_dir(deep / "y")
     directory = spare_dir(tmp_path)  # in the temp dir: pytest's own paths are long
     directory.mkdir()
     try:
         live, gone = spawn(), spawn()
-        for proc in (live, gone):
+        for proc, template in ((live, True), (gone, False)):
             started = start_time(proc.pid)
             assert started is not None
-            spare_socket(directory, proc.pid, started, "0123456789ab").touch()
+            spare_socket(directory, proc.pid, started, "0123456789ab", template=template).touch()
         (directory / "new-0a1b.sock").touch()  # its agent died before naming it
         gone.kill()
         gone.wait()
         recorded, unnamed = recorded_spares(tmp_path)
-        assert sorted(s.pid for s in recorded) == sorted([live.pid, gone.pid])
+        assert sorted((s.pid, s.template) for s in recorded) == sorted(
+            [(live.pid, True), (gone.pid, False)]
+        )
         assert [p.name for p in unnamed] == ["new-0a1b.sock"]
         assert [s.pid for s in live_spares(tmp_path)] == [live.pid]
     finally:

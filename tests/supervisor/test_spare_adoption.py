@@ -1,6 +1,7 @@
-"""Spares outlive an agent that dies: an agent process (a real one, driving a pool) is
-killed, and a pool started after it on the same run directory takes its spares over, runs
-a rank in one, and leaves alone what it must not adopt."""
+"""The template and its spares outlive an agent that dies: an agent process (a real one,
+driving a pool) is killed, and a pool started after it on the same run directory takes
+them over, runs a rank in the spare and forks the next from the template (no import),
+and leaves alone what it must not adopt."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from supervisor_waits import until
+from warm_stand_in import stand_in, starts
 
 from nodeagent.warm_pool import WarmPool
 from proto.warm import WarmLaunch
@@ -25,30 +27,8 @@ from ringmaster.rundir import live_spares, recorded_spares, spare_dir
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
 
-# A spare: counts its starts, then serves a main that logs its rank, sleeps ($SLEEP) and
-# leaves $CODE in the exit record the trainer would leave ($RECORD).
-SPARE = textwrap.dedent(
-    """
-    import os, sys, time
-    sys.path.insert(0, {repo!r})
-    with open({counter!r}, "a") as f:
-        f.write("x")
-    from pathlib import Path
-    from ringmaster.rundir import write_exit
-    from trainer.warm import serve
-
-    def main(argv):
-        print("rank", os.environ.get("RANK"), flush=True)
-        time.sleep(float(os.environ.get("SLEEP", "0")))
-        code = int(os.environ.get("CODE", "0"))
-        write_exit(Path(os.environ["RECORD"]), os.getpid(), code)
-        return code
-
-    serve(main)
-    """
-)
-# An agent: a pool of one spare; prints the spare's PID once it is ready, then waits to
-# be killed.
+# An agent: a pool of one spare; prints the spare's and the template's PIDs once the spare
+# is ready, then waits to be killed.
 AGENT = textwrap.dedent(
     """
     import asyncio, sys
@@ -61,7 +41,7 @@ AGENT = textwrap.dedent(
         pool.resize(1)
         while pool.ready() < 1:
             await asyncio.sleep(0.02)
-        print("spare", pool.spares[0].pid, flush=True)
+        print("spare", pool.spares[0].pid, pool.templates.current.pid, flush=True)
         await asyncio.sleep(600)
 
     asyncio.run(main())
@@ -71,14 +51,12 @@ AGENT = textwrap.dedent(
 
 @pytest.fixture
 def spare(tmp_path: Path) -> list[str]:
-    script = tmp_path / "spare.py"
-    script.write_text(SPARE.format(repo=str(REPO), counter=str(tmp_path / "starts")))
-    return [sys.executable, str(script)]
+    return stand_in(tmp_path)
 
 
 @pytest.fixture
 def pids(tmp_path: Path) -> Iterator[list[int]]:
-    """Spares and ranks to kill when the test is done (they are nobody's children); then
+    """Templates, spares and ranks to kill when the test is done (nobody's children); then
     their socket directory, in the temp dir for a run dir as deep as a test's."""
     left: list[int] = []
     yield left
@@ -97,12 +75,11 @@ async def successor(tmp_path: Path, spare: list[str]) -> AsyncIterator[WarmPool]
         await pool.close()
 
 
-def starts(tmp_path: Path) -> int:
-    return len((tmp_path / "starts").read_text())
-
-
-def agent_dies(tmp_path: Path, command: list[str], orphan_s: float | None = None) -> int:
-    """Run an agent until its spare is ready, ``kill -9`` it; the spare's PID."""
+def agent_dies(
+    tmp_path: Path, command: list[str], orphan_s: float | None = None
+) -> tuple[int, int]:
+    """Run an agent until its spare is ready, ``kill -9`` it; the spare's and the
+    template's PIDs."""
     script = tmp_path / "agent.py"
     run = str(tmp_path / "run")
     script.write_text(AGENT.format(repo=str(REPO), run=run, command=command, orphan=orphan_s))
@@ -114,66 +91,72 @@ def agent_dies(tmp_path: Path, command: list[str], orphan_s: float | None = None
         agent.kill()
         agent.wait()
     assert said, "the agent's spare never became ready"
-    return int(said.split()[1])
+    return int(said.split()[1]), int(said.split()[2])
 
 
 def launch_line(tmp_path: Path, **env: str) -> WarmLaunch:
-    record = str(tmp_path / "rank-3.exit")
-    env = {**os.environ, "RANK": "3", "RECORD": record, **env}
+    env = {**os.environ, "RANK": "3", **env}
     return WarmLaunch(env=env, cwd=str(tmp_path), log=str(tmp_path / "r.log"))
 
 
-async def test_a_restarted_agent_adopts_its_predecessors_spare_and_runs_a_rank_in_it(
+async def test_a_restarted_agent_adopts_the_template_and_its_spare_and_runs_a_rank(
     tmp_path: Path, spare: list[str], successor: WarmPool, pids: list[int]
 ) -> None:
-    pid = agent_dies(tmp_path, spare)
-    pids.append(pid)
+    pid, template = agent_dies(tmp_path, spare)
+    pids += [pid, template]
     assert await successor.adopt() == 1
-    successor.resize(1)  # the adopted spare stands for the one it would start
+    assert successor.templates.current is not None
+    assert successor.templates.current.pid == template
+    successor.resize(1)  # the adopted spare stands for the one it would fork
     await until(lambda: successor.ready() == 1)
     assert successor.spares[0].pid == pid and successor.spares[0].child is None
-    assert starts(tmp_path) == 1
     launch = launch_line(tmp_path, CODE="5")
     rank = await successor.take(launch, job="j", exit_record=tmp_path / "rank-3.exit")
     assert rank is not None and rank.pid == pid
-    assert await asyncio.wait_for(rank.wait(), 20) == 5  # from the rank's exit record
+    assert await asyncio.wait_for(rank.wait(), 20) == 5  # the template's exit record
     assert "rank 3" in (tmp_path / "r.log").read_text()
-    await until(lambda: successor.ready() == 1)  # and a new spare replaces it
-    pids.append(successor.spares[0].pid)
-    assert starts(tmp_path) == 2
+    await until(lambda: successor.ready() == 1)  # and the adopted template forks the next
+    fork = successor.spares[0].pid
+    pids.append(fork)
+    assert starts(tmp_path) == 1
+    recorded = {(s.pid, s.template) for s in recorded_spares(tmp_path / "run")[0]}
+    assert recorded == {(fork, False), (template, True)}  # named for the agent after this
 
 
-async def test_adopted_spares_over_the_pools_size_are_killed(
+async def test_an_adopted_template_and_spares_over_the_pools_size_are_killed(
     tmp_path: Path, spare: list[str], successor: WarmPool, pids: list[int]
 ) -> None:
-    pid = agent_dies(tmp_path, spare)
-    pids.append(pid)
+    pid, template = agent_dies(tmp_path, spare)
+    pids += [pid, template]
     assert await successor.adopt() == 1
     successor.resize(0)  # this agent keeps no spares
-    await until(lambda: not pid_alive(pid))
-    assert not successor.spares and starts(tmp_path) == 1
+    await until(lambda: not pid_alive(pid) and not pid_alive(template))
+    assert not successor.spares and successor.templates.current is None
 
 
-async def test_a_spare_of_other_code_is_killed_not_adopted(
+async def test_a_template_of_other_code_is_killed_and_a_new_one_started(
     tmp_path: Path, spare: list[str], pids: list[int]
 ) -> None:
-    pid = agent_dies(tmp_path, spare)
-    pids.append(pid)
+    pid, template = agent_dies(tmp_path, spare)
+    pids += [pid, template]
     upgraded = WarmPool(0, tmp_path / "run", command=[*spare, "--upgraded"])
     try:
-        assert await upgraded.adopt() == 0
-        await until(lambda: not pid_alive(pid))
+        assert await upgraded.adopt() == 0 and upgraded.templates.current is None
+        await until(lambda: not pid_alive(pid) and not pid_alive(template))
         assert recorded_spares(tmp_path / "run") == ([], [])
+        upgraded.resize(1)
+        await until(lambda: upgraded.ready() == 1)
+        assert starts(tmp_path) == 2  # the new code's template imports
     finally:
         await upgraded.close()
 
 
-async def test_a_spare_no_agent_comes_back_for_ends_on_its_own(
+async def test_a_template_and_spare_no_agent_comes_back_for_end_on_their_own(
     tmp_path: Path, spare: list[str], pids: list[int]
 ) -> None:
-    pid = agent_dies(tmp_path, spare, orphan_s=0.5)
-    pids.append(pid)
-    await until(lambda: not pid_alive(pid))
+    pid, template = agent_dies(tmp_path, spare, orphan_s=0.5)
+    pids += [pid, template]
+    await until(lambda: not pid_alive(pid) and not pid_alive(template))
     assert live_spares(tmp_path / "run") == []
 
 

@@ -1,81 +1,47 @@
-"""The node agent's spare interpreters with real processes: handed out as ranks, refilled,
-skipped for a cold start when they cannot serve, killed on close; and the supervisor
-running the built-in trainer's ranks and a user's entry script in them, recorded and
-stopped like any rank.
+"""The node agent's warm interpreters with real processes: one template, spares forked from
+it that are handed out as ranks and replaced by forks (no import), a template still
+importing handed a launch, a dead template started again after a backoff, a template with
+threads falling back to exec'd spares, cold starts when nothing can serve, and the template
+and spares killed on close.
 
-Spares here run ``trainer.warm.serve`` around a stand-in ``main`` (the real trainer
-through a warm interpreter is tests/trainer/test_warm.py), so each is ready in a fraction
-of a second."""
+The interpreters run ``trainer.warm.serve`` around a stand-in ``main`` (``warm_stand_in``;
+the real trainer through a warm interpreter is tests/trainer/test_warm.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
-import sys
-import textwrap
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from supervisor_waits import until
+from warm_stand_in import stand_in, starts
 
-from nodeagent import warm_pool
+from nodeagent import spare_handover, warm_template
 from nodeagent.adoption import RankProcess
 from nodeagent.spare import import_time_difference
-from nodeagent.supervisor import Supervisor
 from nodeagent.warm_pool import WarmPool
-from proto.commands import Launch, RankSpec
-from proto.events import EventBase, WorkerExited
-from proto.job import JobSection, JobSpec
-from proto.progress import Progress
 from proto.warm import WarmLaunch
-from ringmaster.procs import pid_alive, start_time
-from ringmaster.rundir import JobDir, LiveRank, live_ranks, spare_dir
+from ringmaster import retry
+from ringmaster.procs import pid_alive
+from ringmaster.rundir import recorded_spares, spare_dir
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parents[2]
-
-# A spare: counts its starts, then serves a main that logs its rank and cwd and sleeps
-# ($SLEEP) or returns $CODE.
-SPARE = textwrap.dedent(
-    """
-    import os, sys, time
-    sys.path.insert(0, {repo!r})
-    with open({counter!r}, "a") as f:
-        f.write("x")
-    if os.environ.get("SPARE_DIES"):
-        sys.exit(3)
-    time.sleep(float(os.environ.get("SPARE_DELAY", "0")))
-    from trainer.warm import serve
-
-    def main(argv):
-        print("rank", os.environ.get("RANK"), "in", os.getcwd(), flush=True)
-        time.sleep(float(os.environ.get("SLEEP", "0")))
-        return int(os.environ.get("CODE", "0"))
-
-    serve(main)
-    """
-)
 
 
 @pytest.fixture
 def spare(tmp_path: Path) -> list[str]:
-    script = tmp_path / "spare.py"
-    script.write_text(SPARE.format(repo=str(REPO), counter=str(tmp_path / "starts")))
-    return [sys.executable, str(script)]
-
-
-def starts(tmp_path: Path) -> int:
-    path = tmp_path / "starts"
-    return len(path.read_text()) if path.exists() else 0
+    return stand_in(tmp_path)
 
 
 @pytest.fixture
 async def pool(tmp_path: Path, spare: list[str]) -> AsyncIterator[WarmPool]:
-    warm = WarmPool(0, tmp_path / "run", command=spare)
+    # a refill delay no test waits out: it holds back a new template only, never a fork
+    warm = WarmPool(0, tmp_path / "run", command=spare, refill_delay_s=600)
     try:
         yield warm
     finally:
@@ -92,57 +58,77 @@ def launch_line(tmp_path: Path, **env: str) -> WarmLaunch:
     )
 
 
-async def test_a_ready_spare_becomes_the_rank_and_is_replaced(
+def template_pid(pool: WarmPool) -> int:
+    assert pool.templates.current is not None
+    return pool.templates.current.pid
+
+
+async def test_spares_are_forks_of_one_template_and_refills_import_nothing(
     pool: WarmPool, tmp_path: Path
 ) -> None:
     pool.resize(1)
     await until(lambda: pool.ready() == 1)
-    [spare] = pool.spares
-    proc = await take(pool, launch_line(tmp_path, CODE="5"))
-    assert proc is spare.child
-    assert await proc.wait() == 5
+    template = template_pid(pool)
+    assert [s.template for s in recorded_spares(tmp_path / "run")[0]].count(True) == 1
+    for code in (5, 0, 7):
+        [spare] = pool.spares
+        assert spare.child is None and spare.pid != template  # a fork, not our child
+        proc = await take(pool, launch_line(tmp_path, CODE=str(code)))
+        assert proc is not None and proc.pid == spare.pid
+        assert await proc.wait() == code  # the template's record of what it reaped
+        await until(lambda: pool.ready() == 1)  # the refill: a fork, at once
     assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
-    await until(lambda: pool.ready() == 1)  # the replacement
-    assert pool.spares[0].pid != proc.pid and starts(tmp_path) == 2
+    assert starts(tmp_path) == 1 and template_pid(pool) == template  # imported once
 
 
-async def test_a_spare_still_importing_is_handed_the_launch_at_once(
+async def test_a_launch_that_finds_no_spare_ready_gets_a_fork(
+    pool: WarmPool, tmp_path: Path
+) -> None:
+    pool.resize(1)
+    await until(lambda: pool.ready() == 1)
+    dead = pool.spares[0].pid
+    os.kill(dead, signal.SIGKILL)
+    await until(lambda: not pid_alive(dead))
+    proc = await take(pool, launch_line(tmp_path, CODE="4"))  # no spare: one forked for it
+    assert proc is not None and proc.pid != dead
+    assert await proc.wait() == 4
+    await until(lambda: pool.ready() == 1)
+    assert starts(tmp_path) == 1
+
+
+async def test_a_template_still_importing_is_handed_the_launch_and_leaves_a_successor(
     pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A cold start would repeat the imports the spare is part-way through; and the
-    launch is answered without waiting for them."""
+    """A cold start would repeat the imports the template is part-way through; and the
+    launch is answered without waiting for them. Its imports are not lost: before it
+    becomes the rank it forks its successor, which the pool forks spares from."""
     monkeypatch.setenv("SPARE_DELAY", "1.5")  # still "importing" when the launch comes
     pool.resize(1)
-    await until(lambda: pool.spares)
-    [spare] = pool.spares
-    assert not spare.ready
+    await until(lambda: pool.templates.current is not None)
+    template = pool.templates.current
+    assert template is not None and not template.ready and not pool.spares
     proc = await take(pool, launch_line(tmp_path, CODE="0"))
-    assert proc is spare.child and not (tmp_path / "r.log").exists()  # not started yet
+    assert proc is template.child and not (tmp_path / "r.log").exists()  # not yet
     assert await proc.wait() == 0
     assert f"rank 3 in {tmp_path}" in (tmp_path / "r.log").read_text()
     assert pool.import_s is not None and pool.import_s >= 1.5
+    await until(lambda: pool.ready() == 1)  # forked from the successor
+    successor = pool.templates.current
+    assert successor is not None and successor.pid != template.pid
+    assert successor.child is None and successor.socket.name.endswith("-template.sock")
+    assert starts(tmp_path) == 1  # (the refill delay, 600 s, held nothing back)
+    proc = await take(pool, launch_line(tmp_path, CODE="3"))
+    assert proc is not None and await proc.wait() == 3
 
 
-async def test_spares_import_one_at_a_time_on_a_node_with_few_cores(
+async def test_a_template_that_does_not_start_its_rank_in_time_is_killed(
     pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SPARE_DELAY", "2")
-    pool.imports_at_once = 1
-    pool.resize(2)
-    await until(lambda: pool.spares)
-    assert len(pool.spares) == 1 and not pool._starting  # the second waits for the first
-    await until(lambda: pool.ready() == 2)
-    assert starts(tmp_path) == 2
-
-
-async def test_a_spare_that_does_not_start_its_rank_in_time_is_killed(
-    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A wedged spare is its rank's process: killed, it is a rank that exited."""
+    """A wedged template is its rank's process: killed, it is a rank that exited."""
     monkeypatch.setenv("SPARE_DELAY", "60")  # wedged in its imports
-    monkeypatch.setattr(warm_pool, "FIRST_IMPORT_WAIT_S", 0.5)
+    monkeypatch.setattr(spare_handover, "FIRST_IMPORT_WAIT_S", 0.5)
     pool.resize(1)
-    await until(lambda: pool.spares)
+    await until(lambda: pool.templates.current is not None)
     assert pool.wait_bound() == 0.5
     proc = await take(pool, launch_line(tmp_path))
     assert proc is not None
@@ -152,44 +138,82 @@ async def test_a_spare_that_does_not_start_its_rank_in_time_is_killed(
 
 def test_the_bound_follows_the_imports_seen() -> None:
     pool = WarmPool(1, Path("unused"))
-    assert pool.wait_bound() == warm_pool.FIRST_IMPORT_WAIT_S
+    assert pool.wait_bound() == spare_handover.FIRST_IMPORT_WAIT_S
     pool.import_s = 20.0
     assert pool.wait_bound() == 40.0
     pool.import_s = 60.0
-    assert pool.wait_bound() == warm_pool.FIRST_IMPORT_WAIT_S
+    assert pool.wait_bound() == spare_handover.FIRST_IMPORT_WAIT_S
     pool.import_s = 1.0
-    assert pool.wait_bound() == 3 * warm_pool.HANDOVER_S
+    assert pool.wait_bound() == 3 * spare_handover.HANDOVER_S
 
 
-async def test_a_dead_spare_means_a_cold_start_and_a_replacement(
-    pool: WarmPool, tmp_path: Path
+async def test_a_dead_template_is_started_again_after_a_backoff(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    waits: list[float] = []
+    held = asyncio.Event()  # never set: the backoff's wait lasts as long as the test
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await held.wait()
+
+    backoff = functools.partial(retry.retrying_async, sleep=sleep)
+    monkeypatch.setattr(warm_template, "retrying_async", backoff)
     pool.resize(1)
     await until(lambda: pool.ready() == 1)
-    dead = pool.spares[0].child
-    assert dead is not None
-    os.kill(dead.pid, signal.SIGKILL)
-    assert await take(pool, launch_line(tmp_path)) is None  # the agent may not know yet
-    await until(lambda: pool.ready() == 1 and pool.spares[0].child is not dead)
-    # and once the agent has seen a ready spare die, the next launch replaces it too
-    dead = pool.spares[0].child
-    assert dead is not None
-    os.kill(dead.pid, signal.SIGKILL)
-    await dead.wait()
-    assert await take(pool, launch_line(tmp_path)) is None
-    await until(lambda: pool.ready() == 1 and pool.spares[0].child is not dead)
+    os.kill(template_pid(pool), signal.SIGKILL)  # it dies young: that counts as a failure
+    await until(lambda: waits)
+    assert starts(tmp_path) == 1 and 0 <= waits[0] <= warm_template.RESTART_FIRST_S
+    proc = await take(pool, launch_line(tmp_path, CODE="2"))  # its fork still serves
+    assert proc is not None and await proc.wait() is None  # reaped by nobody: unknown
+    assert await take(pool, launch_line(tmp_path)) is None  # then: cold, no loop
+    assert starts(tmp_path) == 1
 
 
-async def test_a_spare_that_cannot_start_is_not_restarted_in_a_loop(
+async def test_a_template_that_cannot_start_is_not_restarted_in_a_loop(
     pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SPARE_DIES", "1")
+    monkeypatch.setattr(warm_template, "RESTART_FIRST_S", 0.2)
+    notes: list[float] = []
+    died = pool.templates._died
+    monkeypatch.setattr(pool.templates, "_died", lambda e, s: (notes.append(s), died(e, s)))
     pool.resize(1)
-    await until(lambda: starts(tmp_path) == 1 and not pool.spares and not pool._starting)
-    await until(lambda: not pool._tasks)  # nothing left to do: no restart is on its way
-    assert starts(tmp_path) == 1
-    assert await take(pool, launch_line(tmp_path)) is None  # cold; and one more try
-    await until(lambda: starts(tmp_path) == 2 and not pool.spares and not pool._starting)
+    await until(lambda: len(notes) >= 3)  # three starts, each after a longer window
+    assert starts(tmp_path) <= len(notes) + 1
+    assert await take(pool, launch_line(tmp_path)) is None  # cold meanwhile
+
+
+async def test_a_template_with_threads_means_spares_started_one_at_a_time(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It cannot fork safely: it says so, and the pool starts spares with exec, each
+    importing for itself, no more at once than a node with few cores bears."""
+    monkeypatch.setenv("SPARE_THREAD", "1")
+    monkeypatch.setenv("SPARE_DELAY", "1")
+    pool.imports_at_once = 1
+    pool.resize(2)
+    await until(lambda: not pool.templates.forks and pool.spares)
+    assert len(pool.spares) == 1 and not pool._starting  # the second waits for the first
+    await until(lambda: pool.ready() == 2)
+    assert all(s.child is not None for s in pool.spares) and pool.templates.current is None
+    assert starts(tmp_path) == 3  # the template, then two spares
+    proc = await take(pool, launch_line(tmp_path, CODE="6"))
+    assert proc is not None and await proc.wait() == 6
+
+
+async def test_a_template_with_a_thread_handed_a_launch_leaves_no_successor(
+    pool: WarmPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPARE_THREAD", "1")
+    monkeypatch.setenv("SPARE_DELAY", "1")  # still "importing" when the launch comes
+    pool.resize(1)
+    await until(lambda: pool.templates.current is not None)
+    proc = await take(pool, launch_line(tmp_path, CODE="2"))
+    assert proc is not None and await proc.wait() == 2  # the template was the rank
+    await until(lambda: pool.ready() == 1)  # and an exec'd spare stands for it
+    assert not pool.templates.forks and pool.templates.current is None
+    assert pool.spares[0].child is not None and starts(tmp_path) == 2
 
 
 async def test_an_environment_read_at_import_time_means_a_cold_start(
@@ -213,7 +237,7 @@ def test_which_differences_count() -> None:
     )
 
 
-async def test_close_kills_spares_but_not_the_ranks_they_became(
+async def test_close_kills_the_template_and_spares_but_not_the_ranks_they_became(
     pool: WarmPool, tmp_path: Path
 ) -> None:
     pool.resize(2)
@@ -221,73 +245,12 @@ async def test_close_kills_spares_but_not_the_ranks_they_became(
     rank = await take(pool, launch_line(tmp_path, SLEEP="600"))
     assert rank is not None
     await until(lambda: pool.ready() == 2)
-    spares = [s.pid for s in pool.spares]
+    others = [template_pid(pool), *(s.pid for s in pool.spares)]
     await pool.close()
-    await until(lambda: not any(pid_alive(p) for p in spares), timeout=5)
+    await until(lambda: not any(pid_alive(p) for p in others), timeout=5)
     assert not spare_dir(tmp_path / "run").exists(), "their socket directory is removed"
     assert rank.returncode is None and pid_alive(rank.pid)
     os.killpg(rank.pid, signal.SIGKILL)  # its own session, as for a rank started cold
-    assert await rank.wait() == -signal.SIGKILL
+    assert await rank.wait() is None  # its template went with the pool: nobody says how
     pool.resize(1)  # a closed pool starts nothing
-    assert not pool.spares and not pool._starting
-
-
-async def test_the_supervisor_runs_the_trainer_in_a_spare(tmp_path: Path, spare: list[str]) -> None:
-    events: list[EventBase] = []
-
-    async def on_event(event: EventBase) -> None:
-        events.append(event)
-
-    async def on_progress(job: str, message: Progress) -> None:
-        pass
-
-    sup = Supervisor("n", tmp_path / "run", on_event, on_progress, warm_command=spare)
-    try:
-        sup.warm_ranks(1)
-        await until(lambda: sup.warm.ready() == 1)
-        spare_pid = sup.warm.spares[0].pid
-        cmd = Launch(
-            job="j1",
-            attempt=2,
-            ranks=[RankSpec(rank=0, local_rank=0)],
-            spec=JobSpec(job=JobSection(name="j")),
-            env={"SLEEP": "600"},
-            workdir=str(tmp_path),
-        )
-        [pid] = await sup.launch(cmd)
-        assert pid == spare_pid  # the built-in trainer: started warm
-        job = JobDir(sup.run_dir, "j1")
-        assert job.rank_pid(0).read_text() == f"{pid} {start_time(pid)}"
-        assert live_ranks(sup.run_dir) == [LiveRank("j1", 0, pid)]
-        await until(lambda: "rank 0 in" in job.rank_log(0).read_text())
-        await sup.stop("j1", force=True, grace_s=0)  # killpg by the rank's PID
-        [exit_] = [e for e in events if isinstance(e, WorkerExited)]
-        assert exit_.pid == pid and exit_.signal == signal.SIGTERM and exit_.attempt == 2
-        assert live_ranks(sup.run_dir) == []
-        # a user's entry script runs in a spare too, as __main__ with its arguments, and
-        # the spares started after it are told to import its libraries
-        await until(lambda: sup.warm.ready() == 1)
-        spare_pid = sup.warm.spares[0].pid
-        entry = tmp_path / "entry.py"
-        said = tmp_path / "said"
-        entry.write_text(
-            "import sys, time\n"
-            f"open({str(said)!r}, 'w').write(f'{{__name__}} {{sys.argv}}')\n"
-            "time.sleep(600)\n"
-        )
-        argv = [str(entry), "--lr", "1e-4"]
-        [warm] = await sup.launch(Launch(**{**msgspec.structs.asdict(cmd), "argv": argv}))
-        assert warm == spare_pid
-        await until(lambda: said.exists() and said.read_text() != "")
-        assert said.read_text() == f"__main__ {argv}"
-        assert live_ranks(sup.run_dir) == [LiveRank("j1", 0, warm)]
-        assert sup.warm.preload == str(entry)
-        await until(lambda: sup.warm.ready() == 1)
-        environ = await asyncio.to_thread(
-            Path(f"/proc/{sup.warm.spares[0].pid}/environ").read_bytes
-        )
-        assert f"RINGMASTER_SPARE_PRELOAD={entry}".encode() in environ.split(b"\0")
-    finally:
-        for job_id in list(sup.runs):
-            await sup.stop(job_id, force=True, grace_s=0)
-        await sup.close()
+    assert not pool.spares and pool.templates.current is None

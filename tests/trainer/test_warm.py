@@ -256,7 +256,7 @@ def test_the_real_worker_trains_in_a_warm_interpreter(
 def test_a_spare_for_a_script_preloads_its_libraries_not_the_user_s_own_modules(
     tmp_path: Path,
 ) -> None:
-    from trainer.warm import script_imports
+    from trainer.warm_scripts import script_imports
 
     (tmp_path / "mymodel.py").write_text("")
     script = tmp_path / "train.py"
