@@ -32,6 +32,7 @@ from typing import NoReturn
 import msgspec
 
 from proto.warm import ORPHAN_S_ENV, READY, STARTED, WarmLaunch
+from ringmaster.thread_cpu import task_ids
 from trainer.warm_scripts import Main, script_main
 
 ORPHAN_S = 60.0  # how long to wait for a restarted agent (systemd restarts it in seconds)
@@ -138,7 +139,6 @@ def _apply(launch: WarmLaunch) -> int:
         available = os.sched_getaffinity(0)
         chosen = {c for c in launch.cpus if c in available} or available
         # sched_setaffinity(0) is the calling thread only; imports may have started others
-        from ringmaster.rank.thread_cpu import task_ids  # torch: only once imported
 
         for tid in task_ids():
             with contextlib.suppress(OSError):

@@ -52,6 +52,7 @@ import msgspec
 
 from proto.warm import READY, Fork, Forked, Preload, Preloaded, Request, WarmLaunch
 from ringmaster.rundir import write_exit
+from ringmaster.thread_cpu import task_ids
 from trainer.warm_rank import Main, become, orphan_s, refuse, serve_spare
 
 KILLED = (os.CLD_KILLED, os.CLD_DUMPED)
@@ -277,7 +278,6 @@ class _Template:
 def _threads() -> int:
     """This process's threads besides its main one (said in the pool's log: none is forked
     while there are any)."""
-    from ringmaster.rank.thread_cpu import task_ids  # torch: only once imported
 
     if threads := len(task_ids()) - 1:
         print(

@@ -50,8 +50,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from proto.job import shm_staging_name
+from ringmaster import thread_cpu
 from ringmaster.clock import SYSTEM, Clock
-from ringmaster.rank import durable, thread_cpu
+from ringmaster.rank import durable
 from ringmaster.rank.coordination import Coordination, Figures
 from ringmaster.rank.host_buffers import HostBuffers as HostBuffers  # re-exported for the benches
 

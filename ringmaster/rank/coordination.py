@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ringmaster.rank import durable
-from ringmaster.rank.thread_cpu import started_by
+from ringmaster.thread_cpu import started_by
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Coordination:
     rank: int = 0
     world_size: int = 1
     group: dist.ProcessGroup | None = None
-    threads: frozenset[int] = frozenset()  # the group's own threads (ringmaster.rank.thread_cpu)
+    threads: frozenset[int] = frozenset()  # the group's own threads (ringmaster.thread_cpu)
 
     @classmethod
     def over_gloo(cls, timeout: timedelta | None = None) -> Coordination:

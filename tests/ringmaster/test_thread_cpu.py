@@ -1,4 +1,4 @@
-"""The CPU time of threads a library started (``ringmaster/rank/thread_cpu.py``), on real
+"""The CPU time of threads a library started (``ringmaster/thread_cpu.py``), on real
 threads of this process."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ringmaster.procs import wait_until
-from ringmaster.rank.thread_cpu import cpu_s, started_by, task_ids
+from ringmaster.thread_cpu import cpu_s, started_by, task_ids
 
 if not task_ids():
     pytest.skip("no /proc/self/task to read threads from", allow_module_level=True)
