@@ -29,7 +29,7 @@ from coordinator.job_machine import LIVE
 from coordinator.progress_policy import all_exited
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import (
-    ClockResynced,
+    ClockResyncFailed,
     EventBase,
     NodeAway,
     NodeLost,
@@ -130,7 +130,7 @@ def decide(
                 DrainNode(node, "heartbeat lost"),
                 RestartJob(f"node {node} lost", (node,), failure),
             ]
-        case ClockResynced(node=str(node), ok=False, offset_after_ms=after) if (
+        case ClockResyncFailed(node=str(node), offset_after_ms=after) if (
             event.offset_measured and abs(after) > job.spec.policy.clock_max_offset_ms
         ):
             # Only a measured offset beyond the limit is evidence: a resync that failed

@@ -224,12 +224,24 @@ class ClockDrift(EventBase, tag="clock.drift"):
 
 
 class ClockResynced(EventBase, tag="clock.resynced"):
+    """The resync command stepped the clock and it is synchronised and in bounds after."""
+
     offset_before_ms: float = 0.0
     offset_after_ms: float = 0.0
-    ok: bool = True
+    offset_measured: bool = True  # False: no offset source answered after the step
+
+
+class ClockResyncFailed(EventBase, tag="clock.resync_failed"):
+    """A resync did not bring the clock back (a warning): the step command is missing or
+    failed, or the clock is still unsynchronised or out of bounds after it; the message
+    says which. Its own kind, so that no ``clock.resynced`` ever says it failed."""
+
+    offset_before_ms: float = 0.0
+    offset_after_ms: float = 0.0
     # False: no offset source answered after the step, so offset_after_ms (0) is no
     # measurement and no evidence against the node
     offset_measured: bool = True
+    reason: str = ""  # why it failed: the step command's own word, or the offset after
 
 
 class SpotNotice(EventBase, tag="spot.notice"):
@@ -442,6 +454,7 @@ Event = (
     | RdmaPort
     | ClockDrift
     | ClockResynced
+    | ClockResyncFailed
     | SpotNotice
     | WorkerExited
     | WorkerHung

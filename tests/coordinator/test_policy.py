@@ -6,7 +6,14 @@ import pytest
 
 from coordinator import actions, policy, progress_policy
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
-from proto.events import ClockResynced, NodeAway, NodeLost, NvmeLatencySpike, WorkerExited
+from proto.events import (
+    ClockResynced,
+    ClockResyncFailed,
+    NodeAway,
+    NodeLost,
+    NvmeLatencySpike,
+    WorkerExited,
+)
 from proto.job import Allocation, Exclusion, Failure, JobRecord, JobSection, JobSpec, JobState
 
 
@@ -271,19 +278,19 @@ def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
     ]
     assert policy.on_node_condition(closed(drift)) == []
     assert policy.on_node_condition(spike()) == []
-    failed = ClockResynced(node="node-1", ok=False, offset_after_ms=9.5)
+    failed = ClockResyncFailed(node="node-1", offset_after_ms=9.5)
     decided = policy.decide(job(), failed)
     assert [type(a) for a in decided] == [actions.DrainNode, actions.RestartJob]
     assert decided[0].reason == "clock on node-1 still +9.5 ms off (limit 5 ms) after a resync"  # type: ignore[union-attr]
-    assert policy.decide(job(), ClockResynced(node="node-1", ok=True)) == []
+    assert policy.decide(job(), ClockResynced(node="node-1", offset_after_ms=9.5)) == []
 
 
 def test_a_failed_resync_without_evidence_kills_nothing() -> None:
     """Seen on a real node without chrony: the kernel says unsynchronised, the measured
     offset is -0.02 ms, the resync fails because chronyc is missing. No drain."""
-    no_tool = ClockResynced(node="node-1", ok=False, offset_after_ms=-0.02)
+    no_tool = ClockResyncFailed(node="node-1", offset_after_ms=-0.02)
     assert policy.decide(job(), no_tool) == []
-    unmeasured = ClockResynced(node="node-1", ok=False, offset_measured=False)
+    unmeasured = ClockResyncFailed(node="node-1", offset_measured=False)
     assert policy.decide(job(), unmeasured) == []
 
 
