@@ -195,6 +195,7 @@ class Agent:
             every_s=net.probe_every_s,
             timeout_s=net.probe_timeout_s,
             confirm=net.probe_confirm,
+            restart_grace_s=net.probe_restart_grace_s,
         )
         tasks.append(asyncio.create_task(prober.run(), name="peer-probe"))
         log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)
