@@ -140,6 +140,7 @@ class Step:
     effects: tuple[Effect, ...]
     fault: Fault | None = None
     by: str = ""
+    probation_s: float = 0.0  # served: the probation its gate passed
 
 
 def fire(
@@ -150,7 +151,8 @@ def fire(
     before = life.phase
     if row.after is not before:
         life.phase, life.since = row.after, now
-    return Step(input_, before, row.after, row.effects, fault, by)
+    waited = life.probation_s if input_ is Input.SERVED else 0.0
+    return Step(input_, before, row.after, row.effects, fault, by, waited)
 
 
 def step(

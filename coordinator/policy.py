@@ -118,18 +118,12 @@ def decide(
             return []
         case NodeLost(node=str(node)) if not loop_support.reports_steps(job):
             failure = Failure(node=node, cause="node lost", step=job.step)
-            return [
-                DrainNode(node, "heartbeat lost"),
-                RestartJob(f"node {node} lost", (node,), failure),
-            ]
+            return [RestartJob(f"node {node} lost", (node,), failure)]
         case NodeAway(node=str(node)):
+            # lost, it is drained while it stays lost (coordinator.node_life)
             failure = Failure(node=node, cause="node lost", step=job.step)
             why = f"the ranks of {job.id} stopped stepping"
-            return [
-                DeclareLost(node, why),
-                DrainNode(node, "heartbeat lost"),
-                RestartJob(f"node {node} lost", (node,), failure),
-            ]
+            return [DeclareLost(node, why), RestartJob(f"node {node} lost", (node,), failure)]
         case ClockResyncFailed(node=str(node), offset_after_ms=after) if (
             event.offset_measured and abs(after) > job.spec.policy.clock_max_offset_ms
         ):
@@ -138,7 +132,8 @@ def decide(
             limit = job.spec.policy.clock_max_offset_ms
             why = f"clock on {node} still {after:+.1f} ms off (limit {limit:g} ms) after a resync"
             failure = Failure(node=node, cause="clock", step=job.step)
-            return [DrainNode(node, why), RestartJob(why, (node,), failure)]
+            key = condition_key(ConditionKind.CLOCK, node)
+            return [DrainNode(node, key, why), RestartJob(why, (node,), failure)]
     return []
 
 
@@ -180,6 +175,14 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
             why = f"GPU {cond.subject} on {node}: {cond.reason or 'critical temperature'}"
             return _evacuate(job, node, why)
     return []
+
+
+def on_operator_drain(job: JobRecord, node: str, why: str) -> list[Action]:
+    """An operator drained ``node``: a live job with ranks there moves off it as from a
+    critical fault, checkpoint first where its loop can, spending no restart."""
+    if job.state not in LIVE or node not in job.nodes or job.stopping:
+        return []
+    return _evacuate(job, node, f"{node} drained: {why}", failed=False)
 
 
 def on_node_condition(cond: Condition) -> list[Action]:
@@ -292,13 +295,17 @@ def _release(job: JobRecord, cond: Condition) -> list[Action]:
     return [ResumeJob(cond.key, why, reasons, send=not reasons and job.state in LIVE)]
 
 
-def _evacuate(job: JobRecord, node: str, why: str, *, graceful: bool = True) -> list[Action]:
-    """Take the node out and continue without it, by default from a checkpoint of the step
-    the ranks are at (a graceful restart: nothing is lost while the node still runs); not
-    graceful: from the newest checkpoint, where the ranks cannot reach a step boundary."""
-    failure = Failure(node=node, cause="evacuated", step=job.step)
+def _evacuate(
+    job: JobRecord, node: str, why: str, *, graceful: bool = True, failed: bool = True
+) -> list[Action]:
+    """Continue without the node (drained by its critical condition, or by the operator:
+    :mod:`coordinator.node_life`), by default from a checkpoint of the step the ranks are
+    at (a graceful restart: nothing is lost while the node still runs); not graceful: from
+    the newest checkpoint, where the ranks cannot reach a step boundary. ``failed``: a
+    fault that spends the restart budget (an operator's drain spends none)."""
+    failure = Failure(node=node, cause="evacuated", step=job.step) if failed else None
     if graceful and (lacks := loop_support.lacking(job, Reaction.CHECKPOINT)) is not None:
         # a stop at a boundary with a checkpoint first is not the loop's to make: say so,
         # and spend no grace waiting for it
         why, graceful = f"{why}; no checkpoint first: {lacks}", False
-    return [DrainNode(node, why), RestartJob(why, (node,), failure, graceful=graceful)]
+    return [RestartJob(why, (node,), failure, graceful=graceful)]

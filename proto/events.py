@@ -63,6 +63,41 @@ class NodeSlurm(EventBase, tag="node.slurm"):
     reason: str = ""  # the drain's reason in Slurm, or the failure
 
 
+class NodeDrained(EventBase, tag="node.drained"):
+    """The node takes no new work (its life: docs/architecture.md, "A node's life"):
+    ``cause`` is what it is drained for (a condition's key, ``node.lost``, or
+    ``operator``), ``evidence`` the measured value against its threshold or the
+    operator's reason, ``by`` who drained it (``ringmaster``, or the operator's name).
+    ``held``: the same kind of fault repeated, so it stays drained until a person
+    undrains it (critical); ``history`` says when."""
+
+    cause: str = ""
+    evidence: str = ""
+    by: str = ""
+    held: bool = False
+    history: str = ""
+
+
+class NodeReturned(EventBase, tag="node.returned"):
+    """Back in service: ``cause`` is what it was drained for, ``evidence`` how that ended
+    (closed, and the health gate passing for ``probation_s``; or an operator's undrain,
+    ``by`` naming them)."""
+
+    cause: str = ""
+    evidence: str = ""
+    probation_s: float = 0.0
+    by: str = ""
+
+
+class NodeCordoned(EventBase, tag="node.cordoned"):
+    """An operator cordoned the node (no new placements; its running ranks stay) or lifted
+    the cordon (``cordoned`` false)."""
+
+    cordoned: bool = True
+    by: str = ""
+    reason: str = ""
+
+
 class PreflightCheck(msgspec.Struct, kw_only=True):
     """One host check. ``required``: a failure refuses the node (a measured shortfall
     the job needs: space, ``/dev/shm``); otherwise it is a warning the node is admitted
@@ -328,6 +363,15 @@ class JobAtRisk(EventBase, tag="job.at_risk"):
     last_checkpoint_step: int | None = None  # what a failed evacuation falls back to
 
 
+class JobPending(EventBase, tag="job.pending"):
+    """The job cannot be placed now: ``waiting_for`` names each node passed over and why
+    (busy nodes aside); inside a scheduler's allocation, ``bound_s`` is how long it waits
+    before it stops to be requeued without them."""
+
+    waiting_for: dict[str, str] = msgspec.field(default_factory=dict)
+    bound_s: float | None = None
+
+
 class JobPaused(EventBase, tag="job.paused"):
     step: int = 0
     reason: str = ""
@@ -436,6 +480,9 @@ Event = (
     | NodeAway
     | NodeLost
     | NodeSlurm
+    | NodeDrained
+    | NodeReturned
+    | NodeCordoned
     | NodeRefused
     | NodePreflight
     | Topology
@@ -463,6 +510,7 @@ Event = (
     | JobStarted
     | JobBandwidth
     | JobAtRisk
+    | JobPending
     | JobPaused
     | JobLoop
     | JobUnheeded
