@@ -179,10 +179,13 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
 
 def on_operator_drain(job: JobRecord, node: str, why: str) -> list[Action]:
     """An operator drained ``node``: a live job with ranks there moves off it as from a
-    critical fault, checkpoint first where its loop can, spending no restart."""
+    critical fault, checkpoint first where its loop can. Nothing failed, so no restart is
+    spent and the job leaves the node out only while it is drained: an undrain returns it
+    to the job's placement at once."""
     if job.state not in LIVE or node not in job.nodes or job.stopping:
         return []
-    return _evacuate(job, node, f"{node} drained: {why}", failed=False)
+    why, graceful = _checkpoint_first(job, f"{node} drained: {why}", True)
+    return [RestartJob(why, graceful=graceful)]
 
 
 def on_node_condition(cond: Condition) -> list[Action]:
@@ -252,24 +255,39 @@ def bounded_cadence(job: JobRecord) -> float | None:
 def waited_too_long(job: JobRecord, now: float) -> list[Action]:
     """A job that cannot run (too few healthy nodes) fails after ``wait_for_nodes_s``
     with the reason it waited for, instead of waiting forever. Inside a scheduler's
-    allocation no other node can come: a restart that cannot be placed stops after
-    :data:`ALLOCATION_WAIT_S` (an agent's restart fits in it), to be requeued."""
+    allocation no other node can come, and an allocation held idle is wasted: a job that
+    cannot be placed there stops after :func:`allocation_wait` to be requeued (Slurm gives
+    the next run other nodes: those Ringmaster will not use are drained there too)."""
     limit = job.spec.policy.wait_for_nodes_s
-    inside = job.allocation is not None and job.state is JobState.RECOVERING
-    if inside:
-        limit = min(limit, ALLOCATION_WAIT_S)
+    inside = allocation_wait(job)
+    if inside is not None:
+        limit = min(limit, inside)
     if job.waiting_since is None or now - job.waiting_since < limit:
         return []
     why = job.reason or "not enough healthy nodes"
-    if inside:
-        assert job.allocation is not None
-        said = f"cannot continue inside Slurm job {job.allocation.job_id}'s allocation"
+    if job.allocation is not None and inside is not None:
+        go_on = "continue" if job.state is JobState.RECOVERING else "start"
+        said = f"cannot {go_on} inside Slurm job {job.allocation.job_id}'s allocation"
         return [FinishJob(JobState.STOPPED, f"{said}: {why}; requeue it", requeue=True)]
     return [FinishJob(JobState.FAILED, f"gave up after {limit:g} s {why}")]
 
 
-# s: how long a restart inside a scheduler's allocation waits for its nodes
+def allocation_wait(job: JobRecord) -> float | None:
+    """How long a job inside a scheduler's allocation waits to be placed there (None:
+    outside one, or not waiting to be placed): a restart :data:`ALLOCATION_WAIT_S`, a
+    first start :data:`ALLOCATION_START_WAIT_S`."""
+    if job.allocation is None:
+        return None
+    if job.state is JobState.RECOVERING:
+        return ALLOCATION_WAIT_S
+    return ALLOCATION_START_WAIT_S if job.state is JobState.PENDING else None
+
+
+# s: how long a restart inside a scheduler's allocation waits for its nodes (an agent's
+# restart fits in it)
 ALLOCATION_WAIT_S = 15.0
+# s: how long a first start inside one waits (agents starting with the allocation fit in it)
+ALLOCATION_START_WAIT_S = 60.0
 
 
 def operator_key(job_id: str) -> str:
@@ -295,17 +313,19 @@ def _release(job: JobRecord, cond: Condition) -> list[Action]:
     return [ResumeJob(cond.key, why, reasons, send=not reasons and job.state in LIVE)]
 
 
-def _evacuate(
-    job: JobRecord, node: str, why: str, *, graceful: bool = True, failed: bool = True
-) -> list[Action]:
-    """Continue without the node (drained by its critical condition, or by the operator:
+def _evacuate(job: JobRecord, node: str, why: str, *, graceful: bool = True) -> list[Action]:
+    """Continue without the node (drained by its critical condition meanwhile:
     :mod:`coordinator.node_life`), by default from a checkpoint of the step the ranks are
     at (a graceful restart: nothing is lost while the node still runs); not graceful: from
-    the newest checkpoint, where the ranks cannot reach a step boundary. ``failed``: a
-    fault that spends the restart budget (an operator's drain spends none)."""
-    failure = Failure(node=node, cause="evacuated", step=job.step) if failed else None
-    if graceful and (lacks := loop_support.lacking(job, Reaction.CHECKPOINT)) is not None:
-        # a stop at a boundary with a checkpoint first is not the loop's to make: say so,
-        # and spend no grace waiting for it
-        why, graceful = f"{why}; no checkpoint first: {lacks}", False
+    the newest checkpoint, where the ranks cannot reach a step boundary."""
+    failure = Failure(node=node, cause="evacuated", step=job.step)
+    why, graceful = _checkpoint_first(job, why, graceful)
     return [RestartJob(why, (node,), failure, graceful=graceful)]
+
+
+def _checkpoint_first(job: JobRecord, why: str, graceful: bool) -> tuple[str, bool]:
+    """A stop at a boundary with a checkpoint first is not the loop's to make where it
+    cannot checkpoint: say so, and spend no grace waiting for it."""
+    if graceful and (lacks := loop_support.lacking(job, Reaction.CHECKPOINT)) is not None:
+        return f"{why}; no checkpoint first: {lacks}", False
+    return why, graceful

@@ -343,9 +343,18 @@ def test_a_restart_that_cannot_be_placed_inside_an_allocation_stops_to_be_requeu
         "skipped: node-1: node is lost; requeue it",
         requeue=True,
     )
-    # a first start waits for its nodes' agents as outside (they may still be starting)
+    # a first start waits longer (its nodes' agents may still be starting), then the same:
+    # an allocation holding a node Ringmaster will not use is not held idle
     first = job(JobState.PENDING, allocation=inside, waiting_since=1000.0)
-    assert policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_WAIT_S) == []
+    first.reason = "waiting for 2 healthy nodes; skipped: node-1: node is draining"
+    assert policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_START_WAIT_S - 1) == []
+    [stop] = policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_START_WAIT_S)
+    assert stop == actions.FinishJob(
+        JobState.STOPPED,
+        "cannot start inside Slurm job 42's allocation: waiting for 2 healthy nodes; "
+        "skipped: node-1: node is draining; requeue it",
+        requeue=True,
+    )
     # outside an allocation: the job's own wait_for_nodes_s, then it fails
     outside = job(JobState.RECOVERING, waiting_since=1000.0)
     assert policy.waited_too_long(outside, 1000.0 + policy.ALLOCATION_WAIT_S) == []
@@ -354,7 +363,7 @@ def test_a_restart_that_cannot_be_placed_inside_an_allocation_stops_to_be_requeu
 def test_an_operators_drain_moves_a_job_off_the_node_checkpoint_first_spending_nothing() -> None:
     [restart] = policy.on_operator_drain(job(), "node-1", "drained by alice: disk swap")
     assert isinstance(restart, actions.RestartJob) and restart.graceful
-    assert restart.exclude == ("node-1",) and restart.failure is None
+    assert restart.exclude == () and restart.failure is None  # its drain keeps it out
     assert restart.reason == "node-1 drained: drained by alice: disk swap"
     assert policy.on_operator_drain(job(), "node-7", "elsewhere") == []
     assert policy.on_operator_drain(job(JobState.COMPLETED), "node-1", "done") == []
