@@ -175,12 +175,19 @@ def step(
     for cause in ev.causes:
         if cause.key in known:
             continue
-        fault = Fault(key=cause.key, kind=cause.kind, evidence=cause.evidence, opened_at=now)
+        again = any(f.kind == cause.kind for f in _open(life))  # the same fault, wider
+        fault = Fault(
+            key=cause.key,
+            kind=cause.kind,
+            evidence=cause.evidence,
+            opened_at=now,
+            counted=not again,
+        )
         life.faults.append(fault)
         if cause.kind not in life.episode:
             life.episode.append(cause.kind)
         repeats = _repeats(life, cause.kind, now)
-        if len(repeats) >= REPEATS:
+        if fault.counted and len(repeats) >= REPEATS:
             life.held = history(repeats)
             steps.append(fire(life, Input.REPEATED, now, fault=fault))
         else:
@@ -325,7 +332,13 @@ def _open(life: NodeLife) -> list[Fault]:
 
 
 def _repeats(life: NodeLife, kind: str, now: float) -> list[Fault]:
-    return [f for f in life.faults if f.kind == kind and now - f.opened_at <= REPEAT_WINDOW_S]
+    """The occurrences of ``kind`` within the window (a fault opened while another of its
+    kind was open is the same occurrence)."""
+    return [
+        f
+        for f in life.faults
+        if f.kind == kind and f.counted and now - f.opened_at <= REPEAT_WINDOW_S
+    ]
 
 
 def _forget_old(life: NodeLife, now: float) -> None:

@@ -34,6 +34,9 @@ class Fault(msgspec.Struct, kw_only=True):
     evidence: str = ""
     opened_at: float = 0.0
     closed_at: float | None = None  # None: still open
+    # a new occurrence of its kind (none of its kind open when it opened: two devices
+    # turning read-only at once are one fault), which a hold counts
+    counted: bool = True
 
 
 class Mark(msgspec.Struct, kw_only=True):

@@ -162,6 +162,20 @@ def held_from_drained_and_from_probation_and_repeated_while_held() -> None:
     assert t.steps[-1].effects == (Effect.SAVE, Effect.RETURNED) and t.steps[-1].by == "alice"
 
 
+def two_devices_failing_together_are_one_fault() -> None:
+    other = Cause("nvme.readonly:n:nvme1n1", "nvme.readonly", "nvme1n1 read-only (ro=1)")
+    t = Tour()
+    for now in (0.0, 20.0):
+        t.see(now, READONLY, other)  # both devices at once
+        t.see(now + 10.0)
+    assert t.phase is Phase.PROBATION and not t.life.held
+    t.see(40.0, other)
+    t.see(41.0, READONLY, other)  # the first of a pair open already: no new occurrence
+    assert t.phase is Phase.HELD
+    assert t.life.held.startswith("nvme.readonly 3 times within 60 min")
+    assert t.life.held.count("UTC") == 3
+
+
 def faults_an_hour_apart_hold_nothing() -> None:
     t = Tour()
     for now in (0.0, 2000.0, 4000.0):
@@ -222,6 +236,7 @@ SCENARIOS = [
     a_fault_on_probation_drains_again_and_the_longest_probation_counts,
     three_of_a_kind_within_an_hour_hold_it_for_a_person,
     held_from_drained_and_from_probation_and_repeated_while_held,
+    two_devices_failing_together_are_one_fault,
     faults_an_hour_apart_hold_nothing,
     the_operators_drain_is_lifted_only_by_undrain,
     a_cordon_in_every_phase_changes_nothing_but_placement,
