@@ -33,6 +33,7 @@ from ringmaster.clock import Clock
 log = structlog.get_logger()
 Publish = Callable[[EventBase], Awaitable[None]]
 Evacuate = Callable[[str, str], Awaitable[None]]  # node, why
+YIELD_EVERY = 500  # nodes looked at between yields to the event loop
 
 
 def evidence(node: NodeInfo) -> Evidence:
@@ -90,7 +91,9 @@ class NodeKeeper:
         ids, self.registry.touched = self.registry.touched | self._watched, set()
         async with self._lock:
             now = self.clock.time()
-            for node_id in sorted(ids):
+            for i, node_id in enumerate(sorted(ids)):
+                if i and i % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # after a takeover every node is looked at
                 node = self.registry.nodes.get(node_id)
                 if node is not None:
                     await self._step(node, now)
@@ -98,8 +101,12 @@ class NodeKeeper:
     async def _step(self, node: NodeInfo, now: float) -> NodeLife | None:
         """The node's record brought up to what is known of it now; None when another
         leader has written it since."""
-        life = self.lives.get(node.id) or NodeLife(node=node.id, since=now)
-        new, steps = node_life.step(life, evidence(node), now, self.probation)
+        ev = evidence(node)
+        life = self.lives.get(node.id)
+        if life is None and not ev.causes:
+            return NodeLife(node=node.id, since=now)  # serving, and nothing to change that
+        life = life or NodeLife(node=node.id, since=now)
+        new, steps = node_life.step(life, ev, now, self.probation)
         return new if await self._carry(node.id, new, steps, now) else None
 
     async def control(self, req: NodeControl) -> ApiReply:
