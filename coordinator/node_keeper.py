@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
-from coordinator import node_life
+from coordinator import node_life, node_view
 from coordinator.cas import CasStore, Conflict
 from coordinator.life_store import LifeStore
 from coordinator.node_info import NodeInfo
@@ -158,13 +158,13 @@ class NodeKeeper:
     def _show(node: NodeInfo, life: NodeLife | None, now: float) -> None:
         """The node's view of its life, which admission, records and Slurm read."""
         life = life or NodeLife(node=node.id)
-        node.drain_reason = node_life.drain_reason(life, now)
+        node.drain_reason = node_view.drain_reason(life, now)
         serving = life.phase is Phase.SERVING
         node.drained_by = "" if serving else life.drain.by if life.drain else "ringmaster"
         node.cordoned_by = life.cordon.by if life.cordon else ""
         node.held = life.phase is Phase.HELD
-        node.probation_until = node_life.probation_until(life)
-        node.slurm_cause = node_life.slurm_cause(life)
+        node.probation_until = node_view.probation_until(life)
+        node.slurm_cause = node_view.slurm_cause(life)
         node.settle()
 
     async def _effect(self, node: str, life: NodeLife, s: Step, effect: Effect) -> None:

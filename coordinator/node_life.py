@@ -166,16 +166,16 @@ def step(
     steps: list[Step] = []
     _forget_old(life, now)
     current = {c.key: c for c in ev.causes}
-    for fault in _open(life):
+    for fault in open_faults(life):
         if fault.key not in current:
             fault.closed_at = now
-            still = _open(life) or life.drain is not None
+            still = open_faults(life) or life.drain is not None
             steps.append(fire(life, Input.EASED if still else Input.CLOSED, now, fault=fault))
-    known = {f.key for f in _open(life)}
+    known = {f.key for f in open_faults(life)}
     for cause in ev.causes:
         if cause.key in known:
             continue
-        again = any(f.kind == cause.kind for f in _open(life))  # the same fault, wider
+        again = any(f.kind == cause.kind for f in open_faults(life))  # the same fault, wider
         fault = Fault(
             key=cause.key,
             kind=cause.kind,
@@ -192,7 +192,7 @@ def step(
             steps.append(fire(life, Input.REPEATED, now, fault=fault))
         else:
             steps.append(fire(life, Input.OPENED, now, fault=fault))
-    if life.phase is Phase.DRAINED and not _open(life) and life.drain is None:
+    if life.phase is Phase.DRAINED and not open_faults(life) and life.drain is None:
         steps.append(fire(life, Input.CLOSED, now))  # a record that outlived its causes
     if life.phase is Phase.PROBATION:
         steps += _probation(life, ev, now, probation)
@@ -225,14 +225,6 @@ def _probation(
     return [*passed, served]
 
 
-def probation_until(life: NodeLife) -> float | None:
-    """When a node on probation takes work again if its gate keeps passing (None: not on
-    probation, or its gate does not pass yet)."""
-    if life.phase is not Phase.PROBATION or life.probation_from is None:
-        return None
-    return life.probation_from + life.probation_s
-
-
 def command(
     life: NodeLife, action: str, by: str, reason: str, now: float
 ) -> tuple[NodeLife, list[Step], str]:
@@ -256,9 +248,9 @@ def command(
     if life.phase is Phase.SERVING:
         return life, steps, "" if steps else "it was neither drained nor cordoned"
     life.drain, life.held = None, ""
-    life.faults = _open(life)  # a person vouches for it: its history starts again
+    life.faults = open_faults(life)  # a person vouches for it: its history starts again
     life.episode = [f.kind for f in life.faults]
-    if opened := _open(life):
+    if opened := open_faults(life):
         steps.append(fire(life, Input.UNDRAIN_OPEN, now, fault=opened[0], by=by))
         return life, steps, f"it stays drained for {opened[0].key}: {opened[0].evidence}"
     steps.append(fire(life, Input.UNDRAIN, now, by=by))
@@ -266,44 +258,9 @@ def command(
     return life, steps, ""
 
 
-def drain_reason(life: NodeLife, now: float) -> str:
-    """Why the node takes no work, in words ("" when serving)."""
-    opened = _open(life)
-    cause = f"{opened[0].key}: {opened[0].evidence}" if opened else ""
-    match life.phase:
-        case Phase.SERVING:
-            return ""
-        case Phase.HELD:
-            return f"held for a person: {life.held}; undrain to return it"
-        case Phase.PROBATION:
-            until = probation_until(life)
-            closed = ", ".join(life.episode) or "its faults"
-            if until is None:
-                return f"probation after {closed}: waiting for its health gate to pass"
-            return f"probation after {closed}: takes work at {_at(until)} if its gate passes"
-    if life.drain is not None:
-        said = f"drained by {life.drain.by}: {life.drain.reason}"
-        return f"{said}; {cause}" if cause else said
-    return cause
-
-
-def slurm_cause(life: NodeLife) -> tuple[str, str] | None:
-    """What Slurm's drain says (key, evidence) while Ringmaster's own holds: the
-    operator's, else the first open cause, else the hold or the probation."""
-    if life.phase is Phase.SERVING:
-        return None
-    if life.drain is not None:
-        return OPERATOR, life.drain.reason
-    if opened := _open(life):
-        return opened[0].key, opened[0].evidence
-    if life.phase is Phase.HELD:
-        return "held", life.held
-    return "probation", f"after {', '.join(life.episode) or 'a fault'}"
-
-
 def history(faults: Sequence[Fault]) -> str:
     """The repeats that hold a node, in words: kind, count, window, times, evidence."""
-    times = ", ".join(_at(f.opened_at) for f in faults)
+    times = ", ".join(at(f.opened_at) for f in faults)
     window = f"{REPEAT_WINDOW_S / 60:g} min"
     return f"{faults[-1].kind} {len(faults)} times within {window} ({times}): {faults[-1].evidence}"
 
@@ -327,7 +284,7 @@ def _serve(life: NodeLife) -> None:
     life.episode, life.probation_s, life.probation_from = [], 0.0, None
 
 
-def _open(life: NodeLife) -> list[Fault]:
+def open_faults(life: NodeLife) -> list[Fault]:
     return [f for f in life.faults if f.closed_at is None]
 
 
@@ -351,5 +308,5 @@ def _copy(life: NodeLife) -> NodeLife:
     return msgspec.convert(msgspec.to_builtins(life), NodeLife)
 
 
-def _at(wall: float) -> str:
+def at(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).strftime("%H:%M:%S UTC")

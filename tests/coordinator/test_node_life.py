@@ -8,6 +8,7 @@ from typing import ClassVar
 import pytest
 
 from coordinator import node_life as nl
+from coordinator import node_view as nv
 from coordinator.node_life import Cause, Effect, Evidence, Input, Step
 from proto.node_life import NodeLife, Phase
 
@@ -62,26 +63,26 @@ def fault_drains_and_returns_after_its_probation() -> None:
     assert opened.effects == (Effect.SAVE, Effect.DRAINED) and opened.fault is not None
     assert opened.fault.evidence == "nvme0n1 read-only (ro=1)"
     assert t.see(101.0, READONLY) == []  # still open: said once
-    assert nl.slurm_cause(t.life) == (READONLY.key, READONLY.evidence)
+    assert nv.slurm_cause(t.life) == (READONLY.key, READONLY.evidence)
     closed, passed = t.see(200.0)  # writable again, and its gate passes
     assert (closed.input, closed.after) == (Input.CLOSED, Phase.PROBATION)
     assert passed.input is Input.GATE_PASSED
-    assert nl.probation_until(t.life) == 200.0 + nl.PROBATION_S["nvme.readonly"]
-    assert "probation after nvme.readonly: takes work at" in nl.drain_reason(t.life, 201.0)
-    assert nl.slurm_cause(t.life) == ("probation", "after nvme.readonly")  # still in Slurm
+    assert nv.probation_until(t.life) == 200.0 + nl.PROBATION_S["nvme.readonly"]
+    assert "probation after nvme.readonly: takes work at" in nv.drain_reason(t.life, 201.0)
+    assert nv.slurm_cause(t.life) == ("probation", "after nvme.readonly")  # still in Slurm
     assert t.see(499.0) == []
     [served] = t.see(500.0)
     assert (served.input, served.after) == (Input.SERVED, Phase.SERVING)
     assert served.effects == (Effect.SAVE, Effect.RETURNED)
     assert served.fault is not None and served.fault.closed_at == 200.0
-    assert nl.drain_reason(t.life, 500.0) == "" and nl.slurm_cause(t.life) is None
+    assert nv.drain_reason(t.life, 500.0) == "" and nv.slurm_cause(t.life) is None
 
 
 def a_failing_gate_starts_the_probation_again() -> None:
     t = Tour()
     t.see(0.0, READONLY)
     assert inputs(t.see(10.0, gate=WARM.gate)) == [Input.CLOSED]  # closed, gate failing
-    assert "waiting for its health gate" in nl.drain_reason(t.life, 10.0)
+    assert "waiting for its health gate" in nv.drain_reason(t.life, 10.0)
     assert inputs(t.see(20.0)) == [Input.GATE_PASSED]
     assert inputs(t.see(100.0, gate=WARM.gate)) == [Input.GATE_FAILED]
     assert t.see(110.0, gate=WARM.gate) == []
@@ -124,8 +125,8 @@ def three_of_a_kind_within_an_hour_hold_it_for_a_person() -> None:
     assert t.life.held.startswith("nvme.readonly 3 times within 60 min (00:00:00 UTC, 00:00:20")
     assert inputs(t.see(700.0)) == [Input.CLOSED]  # closed: held all the same
     assert t.see(5000.0) == [] and t.phase is Phase.HELD
-    assert nl.slurm_cause(t.life) == ("held", t.life.held)
-    assert nl.drain_reason(t.life, 0).startswith("held for a person: nvme.readonly 3 times")
+    assert nv.slurm_cause(t.life) == ("held", t.life.held)
+    assert nv.drain_reason(t.life, 0).startswith("held for a person: nvme.readonly 3 times")
     assert inputs(t.see(5001.0, HOT)) == [Input.OPENED]
     assert inputs(t.see(5002.0, HOT, LINK)) == [Input.OPENED]
     assert inputs(t.see(5003.0, LINK)) == [Input.EASED]
@@ -192,8 +193,8 @@ def the_operators_drain_is_lifted_only_by_undrain() -> None:
     [drain] = [s for s in t.steps if s.input is Input.DRAIN]
     assert (drain.before, drain.after, drain.by) == (Phase.SERVING, Phase.DRAINED, "alice")
     assert drain.effects == (Effect.SAVE, Effect.DRAINED, Effect.EVACUATE)
-    assert nl.drain_reason(t.life, 1.0) == "drained by alice: disk swap"
-    assert nl.slurm_cause(t.life) == (nl.OPERATOR, "disk swap")
+    assert nv.drain_reason(t.life, 1.0) == "drained by alice: disk swap"
+    assert nv.slurm_cause(t.life) == (nl.OPERATOR, "disk swap")
     assert inputs(t.see(10.0, READONLY)) == [Input.OPENED]
     assert inputs(t.see(20.0)) == [Input.EASED]  # the device came back; the drain stays
     assert t.see(10_000.0) == [] and t.phase is Phase.DRAINED
