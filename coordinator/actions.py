@@ -79,7 +79,13 @@ class DeclareLost:
 
 @dataclass(frozen=True)
 class DrainNode:
+    """Drain ``node`` for its open condition ``key``, ``reason`` the evidence, while that
+    condition stays open: a judgement its severity alone does not make (a clock a resync
+    could not bring back). Critical conditions and lost nodes drain by themselves
+    (:mod:`coordinator.node_life`)."""
+
     node: str
+    key: str
     reason: str
 
 

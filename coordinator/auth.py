@@ -22,7 +22,7 @@ from proto.events import CoordinatorLeader, EventBase
 from ringmaster.auth import Creds, save
 
 JS = "$JS.API"
-BUCKETS = ("jobs", "nodes", "leader", "coordinators")  # the ones kvstore.ensure_layout makes
+BUCKETS = ("jobs", "nodes", "leader", "coordinators", "nodelife")  # kvstore.ensure_layout's
 OPERATOR, OBSERVER, SIMULATOR = "operator", "observer", "simulator"
 
 
@@ -115,6 +115,7 @@ def coordinator(cluster: str, ident: str) -> Permissions:
             subjects.coordinator_alive(cluster, ident),
             subjects.api(cluster, "submit"),
             subjects.api(cluster, "control"),
+            subjects.api(cluster, "node"),
             subjects.clock(cluster),
         ],
         responses=True,
@@ -130,13 +131,15 @@ def observer(cluster: str) -> Permissions:
 
 
 def operator(cluster: str) -> Permissions:
-    """The observer's reads, plus submitting and controlling jobs and injecting faults."""
+    """The observer's reads, plus submitting and controlling jobs, cordoning, draining
+    and undraining nodes, and injecting faults."""
     reads = observer(cluster)
     return Permissions(
         publish=[
             *reads.publish,
             subjects.api(cluster, "submit"),
             subjects.api(cluster, "control"),
+            subjects.api(cluster, "node"),
             subjects.sim(cluster, "*"),
         ],
         subscribe=[],

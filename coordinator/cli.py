@@ -13,6 +13,7 @@ from pathlib import Path
 import structlog
 
 from coordinator.metrics import RETENTION_S
+from coordinator.node_life import parse_probation
 from coordinator.service import Coordinator
 from proto.subjects import check_token
 from ringmaster import slurm
@@ -24,6 +25,7 @@ from ringmaster.metrics import ANY_PORT
 
 log = structlog.get_logger()
 ENV_WEBHOOK = "RINGMASTER_ALERT_WEBHOOK_URL"
+ENV_PROBATION = "RINGMASTER_PROBATION"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         help="drain in Slurm the nodes Ringmaster finds bad, lift its own drains when they "
         "heal (auto: in each round where scontrol and a slurm.conf are found)",
     )
+    p.add_argument(
+        "--probation",
+        action="append",
+        default=[s for s in os.environ.get(ENV_PROBATION, "").split(",") if s],
+        metavar="KIND=SECONDS",
+        help="how long a node's health gate must pass, after the fault it was drained for "
+        "closed, before it takes work again, for one kind (nvme.readonly=300; repeatable; "
+        f"else ${ENV_PROBATION}, comma-separated; defaults in docs/architecture.md)",
+    )
     p.add_argument("--log-json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -86,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         alert_url = webhook_url(args.alert_webhook_url_file)
+    except ValueError as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 2
+    try:
+        probation = parse_probation(args.probation)
     except ValueError as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 2
@@ -113,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             alert_url=alert_url,
             creds=args.creds,
             slurm=args.slurm,
+            probation=probation,
         ).run(stop)
 
     try:

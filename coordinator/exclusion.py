@@ -32,13 +32,18 @@ def leave_out(job: JobRecord, node: str, reason: str, now: float, agent_started_
 
 def left_out(job: JobRecord, nodes: Mapping[str, NodeInfo], now: float) -> dict[str, str]:
     """The nodes still left out of ``job`` now, each with why and until when; outside
-    the scheduler's allocation it was started in, every node."""
+    the scheduler's allocation it was started in, every node; outside any allocation, a
+    node drained in Slurm by someone else (Slurm will not give it)."""
     out = {}
     if (alloc := job.allocation) is not None:
         hosts = set(alloc.hosts)
         for node_id, info in nodes.items():
             if node_id not in hosts and info.hostname.split(".")[0] not in hosts:
                 out[node_id] = f"outside Slurm job {alloc.job_id}'s allocation"
+    else:
+        for node_id, info in nodes.items():
+            if info.slurm_drain:
+                out[node_id] = f"drained in Slurm ({info.slurm_drain})"
     for node_id, ex in job.excluded.items():
         node = nodes.get(node_id)
         restarted = (

@@ -86,8 +86,8 @@ class JobEffects:
         match action:
             case actions.DeclareLost(node=node, reason=reason):
                 self.registry.declare_lost(node, reason)  # the leader's sweep says it
-            case actions.DrainNode(node=node, reason=reason):
-                self.registry.drain(node, reason)
+            case actions.DrainNode(node=node, key=key, reason=reason):
+                self.registry.drain(node, key, reason)
             case actions.ResyncNode(node=node, reason=reason):
                 await self._resync(node, reason)
         if job is None:

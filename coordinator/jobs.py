@@ -111,6 +111,11 @@ class JobManager:
             outcomes = await self.events.take(job, books, self.table.awaited, event)
             await self.effects.carry_out(job, outcomes)
 
+    async def operator_drained(self, node: str, why: str) -> None:
+        """An operator drained ``node``: every live job with ranks there moves off it."""
+        for job in list(self.jobs.values()):
+            await self.effects.carry_out(job, policy.on_operator_drain(job, node, why))
+
     async def on_progress(self, msg: Progress, sender: str) -> None:
         """Rank 0's word, from ``sender`` (the node its subject names)."""
         job = self.jobs.get(msg.job)

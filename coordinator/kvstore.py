@@ -92,11 +92,14 @@ async def decoded(kv: KeyValue, kind: type[T]) -> tuple[list[T], list[str]]:
 
 
 class Buckets:
-    def __init__(self, jobs: KeyValue, nodes: KeyValue, leader: KeyValue, members: KeyValue):
+    def __init__(
+        self, jobs: KeyValue, nodes: KeyValue, leader: KeyValue, members: KeyValue, lives: KeyValue
+    ):
         self.jobs = jobs
         self.nodes = nodes
         self.leader = leader
         self.members = members
+        self.lives = lives  # each node's life (proto.node_life), compare-and-set
 
 
 async def ensure_layout(js: JetStreamContext, cluster: str, replicas: int = 1) -> Buckets:
@@ -147,6 +150,7 @@ async def ensure_layout(js: JetStreamContext, cluster: str, replicas: int = 1) -
         nodes=await bucket("nodes", 1),
         leader=await bucket("leader", 1),
         members=await bucket("coordinators", 1, ttl=30),
+        lives=await bucket("nodelife", 5),
     )
 
 
@@ -161,4 +165,5 @@ async def bind(js: JetStreamContext, cluster: str) -> Buckets:
         nodes=await kv("nodes"),
         leader=await kv("leader"),
         members=await kv("coordinators"),
+        lives=await kv("nodelife"),
     )

@@ -16,7 +16,7 @@ import structlog
 from coordinator import exclusion, loop_support
 from coordinator.commander import CommandSender
 from coordinator.job_machine import Input, fire
-from coordinator.policy import minimum_nodes
+from coordinator.policy import allocation_wait, minimum_nodes
 from coordinator.registry import Registry
 from coordinator.rendezvous import admit, plan
 from coordinator.resume_point import Tier, expected_resume
@@ -24,6 +24,7 @@ from proto.commands import Launch, ReservePort, Stop
 from proto.events import (
     EventBase,
     JobGrown,
+    JobPending,
     JobRestarted,
     JobShrunk,
     JobStarted,
@@ -78,6 +79,7 @@ class Launcher:
                 self._waiting_logged[job.id] = why
                 log.info("job waiting", job=job.id, why=why)
                 job.reason = why
+                await self.publish(self._pending(job, adm.skipped, why))
                 await self.explain(job, adm.skipped)
             return False
         nodes = [n.id for n in adm.chosen]
@@ -153,6 +155,24 @@ class Launcher:
         if previous and job.world_size != previous:
             await self.publish(self._resized(job, previous))
         return True
+
+    @staticmethod
+    def _pending(job: JobRecord, skipped: dict[str, str], why: str) -> JobPending:
+        """Why the job waits, said each time that changes: the nodes passed over (busy
+        ones aside) and, inside an allocation, how long before it stops to be requeued
+        without them."""
+        bound = allocation_wait(job)
+        if job.allocation is not None and bound is not None:
+            why += f"; stops to be requeued in {bound:g} s unless they can be used"
+        return JobPending(
+            job=job.id,
+            severity=Severity.WARNING if job.allocation is not None else Severity.INFO,
+            waiting_for={
+                n: r for n, r in skipped.items() if not r.startswith(("busy", "outside Slurm"))
+            },
+            bound_s=bound if job.allocation is not None else None,
+            message=why,
+        )
 
     @staticmethod
     def _resized(job: JobRecord, previous: int) -> EventBase:

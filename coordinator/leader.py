@@ -1,5 +1,6 @@
 """What only the leader does: consume events and progress, answer the API, tick jobs,
-watch for lost nodes and keep node records in KV. Started on winning the lease, stopped
+watch for lost nodes, keep every node's life (coordinator.node_keeper) and node records in
+KV. Started on winning the lease, stopped
 on losing it. Each duty is its own task, restarted (and logged) if it ever fails, so one
 bad message or one slow KV write cannot silently stop the others."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 import structlog
@@ -21,24 +22,30 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Histogram
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
+from coordinator import node_life
 from coordinator.jobs import JobManager
-from coordinator.kvstore import Buckets
-from coordinator.registry import NodeInfo, Registry
+from coordinator.kvstore import Buckets, KvCasStore
+from coordinator.node_keeper import NodeKeeper
+from coordinator.node_records import NodeRecords
+from coordinator.registry import Registry
 from coordinator.slurm_drains import POLL_S, SlurmDrains
 from coordinator.slurm_jobs import SlurmAllocations
 from proto import subjects
 from proto.api import ApiReply
-from proto.codec import control_decoder, decode_event, encode, progress_decoder, submit_decoder
+from proto.codec import (
+    control_decoder,
+    decode_event,
+    encode,
+    node_control_decoder,
+    progress_decoder,
+    submit_decoder,
+)
 from proto.events import NODE_REPORTED, EventBase, NodeAway, NodeLost, Severity, kind_of
-from proto.node import NodeRecord
 from ringmaster.retry import backoff
 from ringmaster.slurm import available as slurm_available
 
 log = structlog.get_logger()
 Handler = Callable[[str, bytes], Awaitable[None]]  # subject, data
-NODE_REFRESH_S = 15.0  # telemetry in node records is at most this old
-WRITES_IN_FLIGHT = 32  # bounded, so lease renewals and commands never queue behind them
-YIELD_EVERY = 500  # nodes examined between yields to the event loop
 DUTY_RESTART_FIRST_S, DUTY_RESTART_CAP_S = 0.5, 5.0  # a failed duty's jittered restart
 
 
@@ -56,6 +63,7 @@ class Leadership:
         decisions: Histogram | None = None,
         alert: Callable[[EventBase], None] = lambda event: None,
         slurm: str = "off",
+        probation: Mapping[str, float] = node_life.PROBATION_S,
     ) -> None:
         self.alert = alert  # node events reach the leader only here; its own via publish
         self.nc, self.js, self.cluster, self.me = nc, js, cluster, me
@@ -64,7 +72,15 @@ class Leadership:
         self.decisions = decisions  # event time → policy done (coordinator.metrics)
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
-        self._node_written: dict[str, tuple[object, float]] = {}
+        self.records = NodeRecords(registry, buckets.nodes, self.clock)
+        self.keeper = NodeKeeper(
+            registry,
+            KvCasStore(buckets.lives),
+            publish,
+            self.jobs.operator_drained,
+            self.clock,
+            probation,
+        )
         # drains in Slurm for what the nodes report (coordinator.slurm_drains), jobs whose
         # allocation is gone stopped (coordinator.slurm_jobs); None: off
         on = slurm != "off"
@@ -80,9 +96,11 @@ class Leadership:
     async def start(self) -> None:
         await self.jobs.load()
         self.jobs.reconciler.reset()
+        await self.keeper.load()
         self._subs = [
             await self.nc.subscribe(subjects.api(self.cluster, "submit"), cb=self._on_submit),
             await self.nc.subscribe(subjects.api(self.cluster, "control"), cb=self._on_control),
+            await self.nc.subscribe(subjects.api(self.cluster, "node"), cb=self._on_node),
         ]
         events, progress = (
             subjects.events_stream(self.cluster),
@@ -92,7 +110,7 @@ class Leadership:
             "events": lambda: self._consume(events, "coordinator-events", self._on_event),
             "progress": lambda: self._consume(progress, "coordinator-progress", self._on_progress),
             "jobs": lambda: self._every(0.25, self._tick),
-            "nodes": lambda: self._every(1.0, self._write_nodes),
+            "nodes": lambda: self._every(1.0, self.records.write),
         }
         if (drains := self.slurm) is not None and (allocs := self.allocations) is not None:
             duties["slurm"] = lambda: self._every(POLL_S, self._in_slurm(drains.reconcile))
@@ -107,6 +125,7 @@ class Leadership:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self.jobs.abandon()
+        self.keeper.stop()
         for task in self._tasks:
             task.cancel()
         if self._tasks:
@@ -221,6 +240,7 @@ class Leadership:
         for node in lost:
             silent = f"no heartbeat for {now - node.last_seen:.1f} s; {node.lost_reason}"
             await self.publish(self._silence(NodeLost, node.id, Severity.CRITICAL, silent))
+        await self.keeper.tick()  # before the jobs: admission reads each node's life
         await self.jobs.tick()
 
     def _silence(
@@ -228,52 +248,6 @@ class Leadership:
     ) -> NodeAway | NodeLost:
         missed = self.registry.missed_beats
         return kind(node=node, severity=severity, missed_beats=missed, message=message)
-
-    async def _write_nodes(self) -> None:
-        """Node records go to KV when what an operator sees changes (state, conditions,
-        jobs, drain) and otherwise at most every ``NODE_REFRESH_S``: telemetry changes every
-        beat, and 10,000 nodes must not mean 10,000 KV writes a second."""
-        wall, mono = self.clock.time(), self.clock.monotonic()
-        changed, stale = [], []
-        for i, node in enumerate(list(self.registry.nodes.values())):  # beats add nodes
-            if i and i % YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # let events through: a decision must not wait for us
-            conditions = node.conditions
-            key = (
-                node.state,
-                tuple((k, c.severity) for k, c in conditions.items()) if conditions else (),
-                node.jobs,
-                node.drain_reason,
-                node.metrics_url,
-            )
-            written = self._node_written.get(node.id)
-            if written is None or written[0] != key:
-                changed.append((node, key))
-            elif mono - written[1] >= NODE_REFRESH_S:
-                stale.append((written[1], node, key))
-        # Refreshes are spread evenly (a share of the nodes each pass, oldest first) rather
-        # than arriving as one burst every NODE_REFRESH_S; changes always go at once.
-        budget = max(1, len(self.registry.nodes) // int(NODE_REFRESH_S))
-        stale.sort(key=lambda item: item[0])
-        due = changed + [(node, key) for _, node, key in stale[:budget]]
-        pending = iter(due)
-
-        async def writer() -> None:
-            # A few writers draining one iterator, not a task per record: after a takeover
-            # every one of 10,000 nodes is new, and 10,000 tasks created in one go stall
-            # the event loop for longer than a decision may take.
-            for node, key in pending:
-                record = _record(node, wall, mono)
-                if node.telemetry_error:  # the record goes without it: the node still beats
-                    log.warning("node telemetry not read", node=node.id, error=node.telemetry_error)
-                try:
-                    await self.buckets.nodes.put(node.id, encode(record))
-                except Exception as exc:
-                    log.warning("node record not written", node=node.id, error=repr(exc))
-                    continue
-                self._node_written[node.id] = (key, mono)
-
-        await asyncio.gather(*(writer() for _ in range(min(WRITES_IN_FLIGHT, len(due)))))
 
     async def _on_submit(self, msg: Msg) -> None:
         await self._answer(
@@ -283,6 +257,11 @@ class Leadership:
     async def _on_control(self, msg: Msg) -> None:
         await self._answer(
             msg, "control", lambda data: self.jobs.control(control_decoder.decode(data))
+        )
+
+    async def _on_node(self, msg: Msg) -> None:
+        await self._answer(
+            msg, "node", lambda data: self.keeper.control(node_control_decoder.decode(data))
         )
 
     async def _answer(
@@ -299,22 +278,3 @@ class Leadership:
         reply.error = reply.error.replace("\r", "\\r").replace("\n", "\\n")  # one line
         reply.coordinator = self.me
         await msg.respond(encode(reply))
-
-
-def _record(node: NodeInfo, wall: float, mono: float) -> NodeRecord:
-    return NodeRecord(
-        id=node.id,
-        state=node.state,
-        addr=node.addr,
-        hostname=node.hostname,
-        gpus=node.gpus,
-        simulated=node.simulated,
-        last_seen=round(wall - (mono - node.last_seen), 1),
-        telemetry=node.telemetry,
-        conditions=sorted(node.conditions.values(), key=lambda c: c.key),
-        jobs=list(node.jobs),
-        drain_reason=node.drain_reason,
-        preflight_ok=node.preflight_ok,
-        topology_ok=node.topology_ok,
-        metrics_url=node.metrics_url,
-    )

@@ -29,7 +29,7 @@ from coordinator.job_machine import LIVE
 from coordinator.progress_policy import all_exited
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import (
-    ClockResynced,
+    ClockResyncFailed,
     EventBase,
     NodeAway,
     NodeLost,
@@ -118,19 +118,13 @@ def decide(
             return []
         case NodeLost(node=str(node)) if not loop_support.reports_steps(job):
             failure = Failure(node=node, cause="node lost", step=job.step)
-            return [
-                DrainNode(node, "heartbeat lost"),
-                RestartJob(f"node {node} lost", (node,), failure),
-            ]
+            return [RestartJob(f"node {node} lost", (node,), failure)]
         case NodeAway(node=str(node)):
+            # lost, it is drained while it stays lost (coordinator.node_life)
             failure = Failure(node=node, cause="node lost", step=job.step)
             why = f"the ranks of {job.id} stopped stepping"
-            return [
-                DeclareLost(node, why),
-                DrainNode(node, "heartbeat lost"),
-                RestartJob(f"node {node} lost", (node,), failure),
-            ]
-        case ClockResynced(node=str(node), ok=False, offset_after_ms=after) if (
+            return [DeclareLost(node, why), RestartJob(f"node {node} lost", (node,), failure)]
+        case ClockResyncFailed(node=str(node), offset_after_ms=after) if (
             event.offset_measured and abs(after) > job.spec.policy.clock_max_offset_ms
         ):
             # Only a measured offset beyond the limit is evidence: a resync that failed
@@ -138,7 +132,8 @@ def decide(
             limit = job.spec.policy.clock_max_offset_ms
             why = f"clock on {node} still {after:+.1f} ms off (limit {limit:g} ms) after a resync"
             failure = Failure(node=node, cause="clock", step=job.step)
-            return [DrainNode(node, why), RestartJob(why, (node,), failure)]
+            key = condition_key(ConditionKind.CLOCK, node)
+            return [DrainNode(node, key, why), RestartJob(why, (node,), failure)]
     return []
 
 
@@ -180,6 +175,17 @@ def on_condition(job: JobRecord, cond: Condition) -> list[Action]:
             why = f"GPU {cond.subject} on {node}: {cond.reason or 'critical temperature'}"
             return _evacuate(job, node, why)
     return []
+
+
+def on_operator_drain(job: JobRecord, node: str, why: str) -> list[Action]:
+    """An operator drained ``node``: a live job with ranks there moves off it as from a
+    critical fault, checkpoint first where its loop can. Nothing failed, so no restart is
+    spent and the job leaves the node out only while it is drained: an undrain returns it
+    to the job's placement at once."""
+    if job.state not in LIVE or node not in job.nodes or job.stopping:
+        return []
+    why, graceful = _checkpoint_first(job, f"{node} drained: {why}", True)
+    return [RestartJob(why, graceful=graceful)]
 
 
 def on_node_condition(cond: Condition) -> list[Action]:
@@ -249,24 +255,39 @@ def bounded_cadence(job: JobRecord) -> float | None:
 def waited_too_long(job: JobRecord, now: float) -> list[Action]:
     """A job that cannot run (too few healthy nodes) fails after ``wait_for_nodes_s``
     with the reason it waited for, instead of waiting forever. Inside a scheduler's
-    allocation no other node can come: a restart that cannot be placed stops after
-    :data:`ALLOCATION_WAIT_S` (an agent's restart fits in it), to be requeued."""
+    allocation no other node can come, and an allocation held idle is wasted: a job that
+    cannot be placed there stops after :func:`allocation_wait` to be requeued (Slurm gives
+    the next run other nodes: those Ringmaster will not use are drained there too)."""
     limit = job.spec.policy.wait_for_nodes_s
-    inside = job.allocation is not None and job.state is JobState.RECOVERING
-    if inside:
-        limit = min(limit, ALLOCATION_WAIT_S)
+    inside = allocation_wait(job)
+    if inside is not None:
+        limit = min(limit, inside)
     if job.waiting_since is None or now - job.waiting_since < limit:
         return []
     why = job.reason or "not enough healthy nodes"
-    if inside:
-        assert job.allocation is not None
-        said = f"cannot continue inside Slurm job {job.allocation.job_id}'s allocation"
+    if job.allocation is not None and inside is not None:
+        go_on = "continue" if job.state is JobState.RECOVERING else "start"
+        said = f"cannot {go_on} inside Slurm job {job.allocation.job_id}'s allocation"
         return [FinishJob(JobState.STOPPED, f"{said}: {why}; requeue it", requeue=True)]
     return [FinishJob(JobState.FAILED, f"gave up after {limit:g} s {why}")]
 
 
-# s: how long a restart inside a scheduler's allocation waits for its nodes
+def allocation_wait(job: JobRecord) -> float | None:
+    """How long a job inside a scheduler's allocation waits to be placed there (None:
+    outside one, or not waiting to be placed): a restart :data:`ALLOCATION_WAIT_S`, a
+    first start :data:`ALLOCATION_START_WAIT_S`."""
+    if job.allocation is None:
+        return None
+    if job.state is JobState.RECOVERING:
+        return ALLOCATION_WAIT_S
+    return ALLOCATION_START_WAIT_S if job.state is JobState.PENDING else None
+
+
+# s: how long a restart inside a scheduler's allocation waits for its nodes (an agent's
+# restart fits in it)
 ALLOCATION_WAIT_S = 15.0
+# s: how long a first start inside one waits (agents starting with the allocation fit in it)
+ALLOCATION_START_WAIT_S = 60.0
 
 
 def operator_key(job_id: str) -> str:
@@ -293,12 +314,18 @@ def _release(job: JobRecord, cond: Condition) -> list[Action]:
 
 
 def _evacuate(job: JobRecord, node: str, why: str, *, graceful: bool = True) -> list[Action]:
-    """Take the node out and continue without it, by default from a checkpoint of the step
-    the ranks are at (a graceful restart: nothing is lost while the node still runs); not
-    graceful: from the newest checkpoint, where the ranks cannot reach a step boundary."""
+    """Continue without the node (drained by its critical condition meanwhile:
+    :mod:`coordinator.node_life`), by default from a checkpoint of the step the ranks are
+    at (a graceful restart: nothing is lost while the node still runs); not graceful: from
+    the newest checkpoint, where the ranks cannot reach a step boundary."""
     failure = Failure(node=node, cause="evacuated", step=job.step)
+    why, graceful = _checkpoint_first(job, why, graceful)
+    return [RestartJob(why, (node,), failure, graceful=graceful)]
+
+
+def _checkpoint_first(job: JobRecord, why: str, graceful: bool) -> tuple[str, bool]:
+    """A stop at a boundary with a checkpoint first is not the loop's to make where it
+    cannot checkpoint: say so, and spend no grace waiting for it."""
     if graceful and (lacks := loop_support.lacking(job, Reaction.CHECKPOINT)) is not None:
-        # a stop at a boundary with a checkpoint first is not the loop's to make: say so,
-        # and spend no grace waiting for it
-        why, graceful = f"{why}; no checkpoint first: {lacks}", False
-    return [DrainNode(node, why), RestartJob(why, (node,), failure, graceful=graceful)]
+        return f"{why}; no checkpoint first: {lacks}", False
+    return why, graceful

@@ -4,7 +4,8 @@ callers pass the time.
 A node's conditions are a mirror of its agent's: each heartbeat carries the agent's whole
 active set and replaces the mirror, and an event that opens or closes a condition updates
 it at once, between beats. The agent is the one source of truth; the coordinator adds only
-what it alone can know (a lost heartbeat, a drain).
+what it alone can know (a lost heartbeat, a judgement on a condition), and notes which
+nodes changed (``touched``) for :mod:`coordinator.node_keeper`, which keeps their life.
 
 A node condition at ``info`` severity is advisory: a warning the node runs with (a stock
 kernel tunable, a clock called unsynchronised but measured in bounds). It is mirrored and
@@ -15,99 +16,15 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import msgspec
 
-from proto.conditions import LINK_KINDS, Condition, ConditionKind, Severity
-from proto.node import Heartbeat, NodeBeat, NodeState, RankReport, Telemetry
-
-_telemetry = msgspec.json.Decoder(Telemetry)
+from coordinator.node_info import NodeInfo
+from proto.conditions import LINK_KINDS, Condition, ConditionKind
+from proto.node import Heartbeat, NodeBeat, NodeState
 
 NETWORK_KINDS = LINK_KINDS | {ConditionKind.NET_PEER}  # what a hang's culprit is judged by
-
-
-@dataclass
-class NodeInfo:
-    id: str
-    addr: str = ""
-    hostname: str = ""
-    gpus: int = 0
-    cpus: int = 0
-    simulated: bool = False
-    state: NodeState = NodeState.READY
-    last_seen: float = 0.0  # coordinator's monotonic clock (a bus outage's end moves it too)
-    beat_seen: float = 0.0  # when the newest beat arrived, coordinator's monotonic clock
-    beat_sent_at: float = 0.0  # the agent's wall clock when it sent the newest beat
-    interval_s: float = 1.0
-    jobs: tuple[str, ...] = ()
-    conditions: dict[str, Condition] = field(default_factory=dict)  # active, by key
-    drain_reason: str = ""
-    lost_reason: str = ""  # why it was declared lost, besides its silence
-    # while away: when a job last showed its ranks there still stepping (coordinator's
-    # monotonic clock); the grace before it is lost counts from then
-    vouched_at: float = 0.0
-    metrics_url: str = ""  # the agent's Prometheus endpoint
-    # when its agent failed to answer a ping (coordinator's monotonic clock); a beat
-    # received after it clears it
-    suspect_at: float | None = None
-    ranks: tuple[RankReport, ...] = ()  # the agent's, as of its newest beat
-    # counts the changes of what ``ranks`` says of each rank but its step (which rank of
-    # which attempt, its pid, alive or how it exited): equal, and a reconciliation's
-    # findings about this node are what they were
-    ranks_version: int = 0
-    _ranks_key: tuple[tuple[object, ...], ...] = field(default=(), repr=False)
-    agent_started_at: float = 0.0  # when its agent process started (a new value: restarted)
-    probe_port: int = 0  # its agent's peer-probe listener on ``addr`` (0: none)
-    probe_confirm_s: float = 0.0  # how long its probes take to find a peer unreachable
-    # the newest change each event brought, by key, until a beat sent after it arrives
-    _news: dict[str, Condition] = field(default_factory=dict, repr=False)
-    # the newest beat's conditions, while ``conditions`` is still the mirror made of them
-    _beat_conditions: tuple[Condition, ...] | None = field(default=None, repr=False)
-    # the newest beat's telemetry: as sent (JSON), until something reads it
-    _telemetry: Telemetry | msgspec.Raw = field(default_factory=Telemetry, repr=False)
-    telemetry_error: str = ""  # why the newest beat's telemetry could not be read
-
-    @property
-    def telemetry(self) -> Telemetry:
-        """The newest beat's telemetry, decoded on first read; an empty one, with
-        ``telemetry_error`` saying why, when what the node sent is not telemetry."""
-        if isinstance(self._telemetry, msgspec.Raw):
-            raw, self._telemetry, self.telemetry_error = self._telemetry, Telemetry(), ""
-            if len(raw):
-                try:
-                    self._telemetry = _telemetry.decode(raw)
-                except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
-                    self.telemetry_error = f"its telemetry is malformed: {exc}"
-        return self._telemetry
-
-    @property
-    def preflight_ok(self) -> bool:
-        """No required preflight check fails (warnings alone are advisory)."""
-        return not any(c.kind is ConditionKind.PREFLIGHT for c in self.faults())
-
-    @property
-    def topology_ok(self) -> bool:
-        return not any(c.kind is ConditionKind.TOPOLOGY for c in self.conditions.values())
-
-    @property
-    def healthy(self) -> bool:
-        return self.state is NodeState.READY and self.suspect_at is None
-
-    def faults(self) -> list[Condition]:
-        """The open conditions that count against the node: all but the advisory ones."""
-        return [c for c in self.conditions.values() if c.severity is not Severity.INFO]
-
-    def why_not_healthy(self) -> str:
-        """The evidence, in words: the faults' reasons, else why it drains."""
-        reasons = [c.reason or c.key for c in self.faults()]
-        if self.suspect_at is not None and not reasons:
-            return "its agent did not answer a ping; waiting for its next heartbeat"
-        return "; ".join(reasons) or self.drain_reason
-
-    def _settle(self) -> None:
-        if self.state in (NodeState.READY, NodeState.DEGRADED):
-            self.state = NodeState.DEGRADED if self.faults() else NodeState.READY
 
 
 # s: an away node is declared lost after this long silent with no job showing its ranks
@@ -134,6 +51,10 @@ class Registry:
         self.ranked: set[str] = set()  # the nodes whose newest beat lists ranks
         self._shortest_interval = math.inf  # of any node's heartbeat interval
         self._bus_seen: float | None = None  # None: no canary wired, the bus is assumed up
+        # nodes whose conditions or silence changed since the node keeper last looked
+        self.touched: set[str] = set()
+        # gives a node first heard its recorded life before anything can place work there
+        self.on_new: Callable[[NodeInfo], None] | None = None
 
     def bus_alive(self, now: float) -> None:
         """The coordinator's canary came back through the server. After an outage every
@@ -154,6 +75,10 @@ class Registry:
         fresh = node is None or node.state is NodeState.LOST
         if node is None:
             node = self.nodes[beat.node] = NodeInfo(id=beat.node)
+            if self.on_new is not None:
+                self.on_new(node)
+        if fresh:
+            self.touched.add(beat.node)
         node.addr, node.hostname, node.gpus = beat.addr, beat.hostname, beat.gpus
         node.cpus = beat.cpus
         node.simulated, node.interval_s = beat.simulated, beat.interval_s
@@ -176,11 +101,13 @@ class Registry:
         if node._news or beat.conditions != node._beat_conditions:
             node.conditions = self._mirror(node, beat)
             node._beat_conditions = None if node._news else beat.conditions
+            self._changed(node)
         if node.suspect_at is not None and now > node.suspect_at:
             node.suspect_at = None  # it answers after all
         if node.state in (NodeState.LOST, NodeState.AWAY):
             node.state = NodeState.READY
-        node._settle()
+            self.touched.add(beat.node)
+        node.settle()
         return node, fresh
 
     @staticmethod
@@ -209,7 +136,14 @@ class Registry:
             node.conditions[cond.key] = cond
         else:
             node.conditions.pop(cond.key, None)
-        node._settle()
+        self._changed(node)
+        node.settle()
+
+    def _changed(self, node: NodeInfo) -> None:
+        """Its conditions changed: a judgement on one that closed goes with it."""
+        if node.judged:
+            node.judged = {k: v for k, v in node.judged.items() if k in node.conditions}
+        self.touched.add(node.id)
 
     def active(self, nodes: list[str]) -> dict[str, Condition]:
         """Every open condition on ``nodes``, by key."""
@@ -244,6 +178,7 @@ class Registry:
             if now - max(node.last_seen, node.vouched_at) > self.away_grace_s:
                 node.state, node.lost_reason = NodeState.LOST, "no job's ranks step there"
                 lost.append(node)
+                self.touched.add(node.id)
         return away, lost
 
     def vouch(self, node_id: str, now: float) -> None:
@@ -261,6 +196,7 @@ class Registry:
             return None
         node.state, node.lost_reason = NodeState.LOST, reason
         self._declared.append(node)
+        self.touched.add(node_id)
         return node
 
     def silent(self, nodes: list[str], now: float, beats: float = 1.5) -> frozenset[str]:
@@ -294,7 +230,11 @@ class Registry:
         if node is not None:
             node.suspect_at = now
 
-    def drain(self, node_id: str, reason: str) -> None:
+    def drain(self, node_id: str, key: str, reason: str) -> None:
+        """The coordinator judged the open condition ``key`` reason enough to drain the
+        node (``reason``, the evidence): a cause of its drain while that condition stays
+        open (:mod:`coordinator.node_life`). Nothing for a condition no longer open."""
         node = self.nodes.get(node_id)
-        if node is not None and node.state not in (NodeState.LOST, NodeState.AWAY):
-            node.state, node.drain_reason = NodeState.DRAINING, reason
+        if node is not None and key in node.conditions:
+            node.judged[key] = reason
+            self.touched.add(node_id)

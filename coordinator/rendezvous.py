@@ -57,6 +57,8 @@ def _refusal(
         return exclude[node.id]
     if node.id in busy:
         return "busy with another job"
+    if node.cordoned_by:
+        return f"cordoned by {node.cordoned_by}"
     if node.suspect_at is not None:
         return "its agent did not answer a ping (admitted again at its next heartbeat)"
     if not node.preflight_ok:

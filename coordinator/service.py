@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Mapping
 
 import msgspec
 import structlog
@@ -30,6 +31,7 @@ from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets, KvCasStore, bind, ensure_layout
 from coordinator.leader import Leadership
 from coordinator.metrics import RETENTION_S, decision_latency, registry_for
+from coordinator.node_life import PROBATION_S
 from coordinator.registry import Registry
 from proto import subjects
 from proto.codec import encode, node_beat_decoder
@@ -59,12 +61,14 @@ class Coordinator:
         creds: str | None = None,
         slurm: str = "off",
         clock: Clock = SYSTEM,
+        probation: Mapping[str, float] = PROBATION_S,
     ) -> None:
         # what every decision reads the time from: beats' arrivals, the lease, the jobs
         self.clock = clock
         # drain in Slurm what the nodes report (coordinator.slurm_drains): on, off, or auto
         # (whenever Slurm's commands and configuration are there)
         self.slurm = slurm
+        self.probation = probation  # s a node's health gate must pass after a drain, by kind
         self.creds = creds  # creds file path (ringmaster.auth); None: no auth
         self.alert_url = alert_url  # the coordinator's own webhook (jobs may add theirs)
         self.alerter: Alerter | None = None
@@ -243,6 +247,7 @@ class Coordinator:
             decisions=self._decisions,
             alert=self._alert,
             slurm=self.slurm,
+            probation=self.probation,
         )
         try:
             await leadership.start()

@@ -1,12 +1,14 @@
-"""Drains in Slurm for what the nodes report now, and lifted when that closes.
+"""Ringmaster's drains in Slurm, set and lifted exactly with its own.
 
-Level-triggered, from the registry (the agents' own beats and events) and Slurm's own
-view (``sinfo``), each pass: a node that has a critical hardware condition open, or that
-was declared lost, is drained in Slurm with ``Reason="ringmaster: <key>: <evidence>"``,
-so the scheduler stops placing work there; once the node reports again with no such
-condition, a drain whose reason still starts with ``ringmaster:`` is lifted. A drain an
-administrator set (any other reason) is never touched, and a node that is silent now
-(away) is left as it is: nothing it could say is known.
+Level-triggered, from each node's life (:mod:`coordinator.node_life`: its critical
+conditions, its loss, an operator's drain, the probation after them, a hold) and Slurm's
+own view (``sinfo``), each pass: a node Ringmaster drains is drained in Slurm with
+``Reason="ringmaster: <key>: <evidence>"`` (``ringmaster: operator: <reason>`` for an
+operator's drain), so the scheduler stops placing work there; once Ringmaster returns it
+to service, a drain whose reason still starts with ``ringmaster:`` is lifted. A drain an
+administrator set (any other reason) is never touched, only shown beside the node
+(``NodeInfo.slurm_drain``), and a node that is silent now (away) is left as it is:
+nothing it could say is known.
 
 A drain fires once per fault: if someone lifts it while the same condition stays open,
 it is not set again (the scheduler's operator had the last word). Nodes are matched to
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import structlog
 
 from coordinator.registry import NodeInfo
-from proto.conditions import ConditionKind, Severity
+from proto.conditions import Severity
 from proto.events import EventBase, NodeSlurm
 from proto.node import NodeState
 from ringmaster import slurm
@@ -32,8 +34,6 @@ from ringmaster.slurm import PREFIX, SlurmError, SlurmNode
 
 log = structlog.get_logger()
 REASON_MAX = 200  # characters of evidence in a reason: sinfo -R shows one line
-# Critical conditions that are no fault of the node's hardware: the node may take work.
-NOT_HARDWARE = frozenset({ConditionKind.PREEMPTION, ConditionKind.OPERATOR})
 POLL_S = 5.0  # how often Slurm's view is read and compared
 
 
@@ -51,20 +51,8 @@ class Lift:
 
 
 def cause(node: NodeInfo) -> tuple[str, str] | None:
-    """Why ``node`` must not take work, as (key, evidence); None when it may."""
-    if node.state is NodeState.LOST:
-        return "node.lost", node.lost_reason or "no heartbeat"
-    worst = sorted(
-        (
-            c
-            for c in node.conditions.values()
-            if c.severity is Severity.CRITICAL and c.kind not in NOT_HARDWARE
-        ),
-        key=lambda c: c.key,
-    )
-    if worst:
-        return worst[0].key, worst[0].reason or worst[0].kind.value
-    return None
+    """Why Ringmaster drains ``node``, as (key, evidence); None while it serves."""
+    return node.slurm_cause
 
 
 def slurm_name(node: NodeInfo, known: Mapping[str, SlurmNode]) -> str | None:
@@ -117,6 +105,8 @@ class SlurmDrains:
         current = list(self.nodes())
         for node in current:  # a fault closed: a new one drains again
             name = slurm_name(node, known)
+            there = known.get(name) if name is not None else None
+            node.slurm_drain = there.reason if there and there.drained and not there.ours else ""
             if name in self.drained_for and node.state is not NodeState.AWAY and not cause(node):
                 del self.drained_for[name]
         for change in plan(current, known, self.drained_for):
@@ -139,7 +129,7 @@ class SlurmDrains:
                 node=change.node, severity=Severity.WARNING, action="drained", message=said
             )
         else:
-            said = f"drain lifted in Slurm (was {change.reason!r}): the node reports healthy"
+            said = f"drain lifted in Slurm (was {change.reason!r}): Ringmaster returned it"
             event = NodeSlurm(node=change.node, action="resumed", message=said)
         event.reason = change.reason
         log.info("slurm", node=change.node, action=event.action, reason=change.reason)

@@ -30,7 +30,7 @@ from proto.commands import (
     ResyncClock,
     Stop,
 )
-from proto.events import ClockResynced, CommandRefused, EventBase, Severity
+from proto.events import ClockResynced, ClockResyncFailed, CommandRefused, EventBase, Severity
 from ringmaster.rundir import epoch_file
 
 log = structlog.get_logger()
@@ -44,7 +44,7 @@ class CommandHandler:
         supervisor: Supervisor,
         advertise_addr: str,
         on_event: Callable[[EventBase], Awaitable[None]],
-        resync: Callable[[], Awaitable[ClockResynced]] | None = None,
+        resync: Callable[[], Awaitable[ClockResynced | ClockResyncFailed]] | None = None,
     ) -> None:
         self.node = node
         self._resync = resync
@@ -97,7 +97,8 @@ class CommandHandler:
                     return self._reply(False, "this agent has no clock collector")
                 result = await self._resync()
                 await self._on_event(result)
-                return self._reply(result.ok, "" if result.ok else result.message)
+                failed = isinstance(result, ClockResyncFailed)
+                return self._reply(not failed, result.message if failed else "")
             case _:
                 return self._reply(False, f"unsupported command {type(cmd).__name__}")
 

@@ -158,6 +158,10 @@ class NetworkSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     probe_every_s: Positive = 2.0
     probe_timeout_s: Positive = 1.0
     probe_confirm: Count = 2
+    # s: a peer whose listener refuses (its machine answers, its agent does not listen) is
+    # taken for an agent restarting (systemd's RestartSec and a start) for this long from
+    # its first refusal, and nothing is said; refusals beyond it count as failures
+    probe_restart_grace_s: NonNegative = 15.0
 
 
 def resolve_data_interface(network: NetworkSettings, roots: Roots) -> str:

@@ -202,6 +202,7 @@ class Agent:
             timeout_s=net.probe_timeout_s,
             confirm=net.probe_confirm,
             clock=self.clock,
+            restart_grace_s=net.probe_restart_grace_s,
         )
         tasks.append(asyncio.create_task(prober.run(), name="peer-probe"))
         log.info("agent running", node=self.node, addr=self.addr, nats=cfg.nats)

@@ -13,12 +13,20 @@ hearing every node of the job, can tell which (``coordinator.policy``).
 A TCP connect is the probe: it crosses the same routes and filters as the ranks' gloo or
 NCCL sockets, needs no privilege (ICMP would need a raw socket), and an accept needs
 nothing of the listener but its event loop.
+
+A refused connect is the peer's machine answering that nothing listens on the port: the
+path is up, and its agent is away, most often restarting (systemd's ``Restart=``, an
+upgrade), which the coordinator's grace covers too. So a peer that refuses says nothing
+for ``restart_grace_s`` from its first refusal: an agent back on its port within it was
+never a network fault. Refusals that last longer count as failures (a firewall that
+rejects, an agent that stays down), with how long they lasted in the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -109,6 +117,7 @@ async def reach(addr: str, timeout_s: float) -> str | None:
 
 
 Emit = Callable[[EventBase], Awaitable[None]]
+REFUSED = os.strerror(errno.ECONNREFUSED)  # what :func:`reach` says of a port nobody listens on
 
 
 class PeerProber:
@@ -125,11 +134,14 @@ class PeerProber:
         timeout_s: float = 1.0,
         confirm: int = 2,
         clock: Clock = SYSTEM,
+        restart_grace_s: float = 15.0,
     ) -> None:
         self.node, self.peers, self.emit, self.clock = node, peers, emit, clock
         self.every_s, self.timeout_s, self.confirm = every_s, timeout_s, confirm
+        self.restart_grace_s = restart_grace_s
         self._latches: dict[str, ConditionLatch] = {}
         self._addrs: dict[str, str] = {}
+        self._refused_since: dict[str, float] = {}  # a peer's first refusal in a row
 
     def _latch(self, peer: str) -> ConditionLatch:
         if peer not in self._latches:
@@ -152,13 +164,28 @@ class PeerProber:
         for peer, error in zip(names, errors, strict=True):
             self._addrs[peer] = peers[peer]
             latch = self._latch(peer)
-            change = latch.update(error is not None, t)
+            bad, error = self._judge(peer, error, t)
+            change = latch.update(bad, t)
             if change is not None:
                 events.append(self._event(peer, latch, change, t, error))
         said = [e for e in events if e is not None]
         for event in said:
             await self.emit(event)
         return said
+
+    def _judge(self, peer: str, error: str | None, t: float) -> tuple[bool | None, str | None]:
+        """Whether a probe's result is a failure (None: no evidence either way, a peer
+        whose agent may be restarting), and the error to report."""
+        if error != REFUSED:
+            self._refused_since.pop(peer, None)
+            return error is not None, error
+        since = self._refused_since.setdefault(peer, t)
+        if t - since < self.restart_grace_s:
+            return None, error
+        return (
+            True,
+            f"{error} for {t - since:.0f} s, past an agent restart's {self.restart_grace_s:g} s",
+        )
 
     def _event(
         self, peer: str, latch: ConditionLatch, change: Change, t: float, error: str | None
@@ -174,6 +201,7 @@ class PeerProber:
         """A peer no job here has any more: its open condition closes (nothing will)."""
         latch = self._latches.pop(peer)
         addr = self._addrs.pop(peer, "")
+        self._refused_since.pop(peer, None)
         if not latch.open:
             return None
         why = f"{peer} is no longer a peer of a job here"

@@ -29,6 +29,17 @@ class JobControl(msgspec.Struct, kw_only=True):
     requeue: bool = False
 
 
+class NodeControl(msgspec.Struct, kw_only=True):
+    """``coordinatorctl cordon|drain|undrain NODE`` → the leader (``subjects.api(…,
+    "node")``). ``by``: who asks, as the CLI knows them (its NATS user, else the login
+    name); the leader records it with the drain."""
+
+    node: str
+    action: Literal["cordon", "drain", "undrain"]
+    reason: str = ""  # why (a drain needs one)
+    by: str = ""
+
+
 class ApiReply(msgspec.Struct, kw_only=True):
     ok: bool
     error: str = ""

@@ -6,7 +6,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from proto.api import ApiReply, JobControl, SubmitJob
+from proto.api import ApiReply, JobControl, NodeControl, SubmitJob
 from proto.commands import Command, CommandReply
 from proto.events import Event, EventBase
 from proto.job import JobRecord
@@ -42,6 +42,7 @@ node_beat_decoder = Decoder(msgspec.json.Decoder(NodeBeat))  # the coordinator's
 job_decoder = Decoder(msgspec.json.Decoder(JobRecord))
 submit_decoder = Decoder(msgspec.json.Decoder(SubmitJob))
 control_decoder = Decoder(msgspec.json.Decoder(JobControl))
+node_control_decoder = Decoder(msgspec.json.Decoder(NodeControl))
 api_reply_decoder = Decoder(msgspec.json.Decoder(ApiReply))
 progress_decoder: Decoder[Any] = Decoder(msgspec.json.Decoder(Progress))
 

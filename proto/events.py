@@ -63,6 +63,41 @@ class NodeSlurm(EventBase, tag="node.slurm"):
     reason: str = ""  # the drain's reason in Slurm, or the failure
 
 
+class NodeDrained(EventBase, tag="node.drained"):
+    """The node takes no new work (its life: docs/architecture.md, "A node's life"):
+    ``cause`` is what it is drained for (a condition's key, ``node.lost``, or
+    ``operator``), ``evidence`` the measured value against its threshold or the
+    operator's reason, ``by`` who drained it (``ringmaster``, or the operator's name).
+    ``held``: the same kind of fault repeated, so it stays drained until a person
+    undrains it (critical); ``history`` says when."""
+
+    cause: str = ""
+    evidence: str = ""
+    by: str = ""
+    held: bool = False
+    history: str = ""
+
+
+class NodeReturned(EventBase, tag="node.returned"):
+    """Back in service: ``cause`` is what it was drained for, ``evidence`` how that ended
+    (closed, and the health gate passing for ``probation_s``; or an operator's undrain,
+    ``by`` naming them)."""
+
+    cause: str = ""
+    evidence: str = ""
+    probation_s: float = 0.0
+    by: str = ""
+
+
+class NodeCordoned(EventBase, tag="node.cordoned"):
+    """An operator cordoned the node (no new placements; its running ranks stay) or lifted
+    the cordon (``cordoned`` false)."""
+
+    cordoned: bool = True
+    by: str = ""
+    reason: str = ""
+
+
 class PreflightCheck(msgspec.Struct, kw_only=True):
     """One host check. ``required``: a failure refuses the node (a measured shortfall
     the job needs: space, ``/dev/shm``); otherwise it is a warning the node is admitted
@@ -224,12 +259,24 @@ class ClockDrift(EventBase, tag="clock.drift"):
 
 
 class ClockResynced(EventBase, tag="clock.resynced"):
+    """The resync command stepped the clock and it is synchronised and in bounds after."""
+
     offset_before_ms: float = 0.0
     offset_after_ms: float = 0.0
-    ok: bool = True
+    offset_measured: bool = True  # False: no offset source answered after the step
+
+
+class ClockResyncFailed(EventBase, tag="clock.resync_failed"):
+    """A resync did not bring the clock back (a warning): the step command is missing or
+    failed, or the clock is still unsynchronised or out of bounds after it; the message
+    says which. Its own kind, so that no ``clock.resynced`` ever says it failed."""
+
+    offset_before_ms: float = 0.0
+    offset_after_ms: float = 0.0
     # False: no offset source answered after the step, so offset_after_ms (0) is no
     # measurement and no evidence against the node
     offset_measured: bool = True
+    reason: str = ""  # why it failed: the step command's own word, or the offset after
 
 
 class SpotNotice(EventBase, tag="spot.notice"):
@@ -314,6 +361,15 @@ class JobAtRisk(EventBase, tag="job.at_risk"):
     window_s: float = 0.0  # from the notice to the deadline
     checkpoint_s: float = 0.0  # the job's newest checkpoint, from its step to durable
     last_checkpoint_step: int | None = None  # what a failed evacuation falls back to
+
+
+class JobPending(EventBase, tag="job.pending"):
+    """The job cannot be placed now: ``waiting_for`` names each node passed over and why
+    (busy nodes aside); inside a scheduler's allocation, ``bound_s`` is how long it waits
+    before it stops to be requeued without them."""
+
+    waiting_for: dict[str, str] = msgspec.field(default_factory=dict)
+    bound_s: float | None = None
 
 
 class JobPaused(EventBase, tag="job.paused"):
@@ -424,6 +480,9 @@ Event = (
     | NodeAway
     | NodeLost
     | NodeSlurm
+    | NodeDrained
+    | NodeReturned
+    | NodeCordoned
     | NodeRefused
     | NodePreflight
     | Topology
@@ -442,6 +501,7 @@ Event = (
     | RdmaPort
     | ClockDrift
     | ClockResynced
+    | ClockResyncFailed
     | SpotNotice
     | WorkerExited
     | WorkerHung
@@ -450,6 +510,7 @@ Event = (
     | JobStarted
     | JobBandwidth
     | JobAtRisk
+    | JobPending
     | JobPaused
     | JobLoop
     | JobUnheeded

@@ -10,10 +10,12 @@ from proto.conditions import Condition
 
 
 class NodeState(enum.StrEnum):
-    """ready → degraded (a fault is active) → ready; draining (no new ranks); away (its
-    agent missed 3 heartbeats: restarting, or cut off from the bus, or gone) → lost (the
-    job's ranks there stopped stepping, or no ranks and silent past the agent-restart
-    grace) → ready again on the next heartbeat (from away too)."""
+    """ready → degraded (a warning open) → ready; draining (no new ranks: a critical
+    condition open, an operator's drain, a probation after either, a hold; see
+    coordinator.node_life); away (its agent missed 3 heartbeats: restarting, or cut off
+    from the bus, or gone) → lost (the job's ranks there stopped stepping, or no ranks and
+    silent past the agent-restart grace) → back on the next heartbeat (from away too),
+    lost ones through a probation."""
 
     READY = "ready"
     DEGRADED = "degraded"
@@ -136,7 +138,12 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     telemetry: Telemetry = msgspec.field(default_factory=Telemetry)
     conditions: list[Condition] = msgspec.field(default_factory=list)  # the agent's, mirrored
     jobs: list[str] = msgspec.field(default_factory=list)
-    drain_reason: str = ""
+    drain_reason: str = ""  # why it takes no work (draining), in words
+    drained_by: str = ""  # "ringmaster" (its evidence) or the operator who drained it
+    cordoned_by: str = ""  # the operator who cordoned it ("": not cordoned)
+    held: bool = False  # its faults repeat: drained until a person undrains it
+    probation_until: float | None = None  # wall time it takes work again, gate passing
+    slurm_drain: str = ""  # a drain in Slurm someone else set: its reason
     preflight_ok: bool = True  # no required preflight check failing
     topology_ok: bool = True  # no topology.degraded condition active
     metrics_url: str = ""  # the agent's Prometheus endpoint, from its heartbeat

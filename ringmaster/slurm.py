@@ -161,9 +161,44 @@ def restarts(job_id: str) -> int:
 
 
 def _job_field(job_id: str, name: str) -> str:
+    fields = job_fields(job_id)
+    if name not in fields:
+        raise SlurmError(f"scontrol show job {job_id}: no {name} in its answer")
+    return fields[name]
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """Slurm's record of the job (``scontrol show job``) as field → value (those without
+    spaces in their value: state, reason, counts and times)."""
     out = run(["scontrol", "show", "job", "--oneliner", job_id])
-    for field in out.split():
-        key, _, value = field.partition("=")
-        if key == name:
-            return value
-    raise SlurmError(f"scontrol show job {job_id}: no {name} in its answer")
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+# What Slurm's SIGTERM to a batch step means, read from its record of the job at that
+# moment (scontrol show job); measured on slurm-wlm 22.05:
+#   scancel JOBID              JobState=COMPLETING Reason=None, Restarts as before
+#   the time limit             JobState=COMPLETING Reason=TimeLimit
+#   preempted, PreemptMode=REQUEUE   Restarts already one more than the run's
+#   scancel --signal=TERM      JobState=RUNNING (a signal only: the job goes on)
+CANCEL, END = "cancel", "end"
+
+
+def ending(signal_name: str, fields: dict[str, str], run_restarts: int) -> tuple[str, str]:
+    """(CANCEL or END, why) for Slurm's signal to the batch step: CANCEL when the job was
+    cancelled (``scancel``: stop it, no requeue), END when its allocation ends and it is to
+    come back (the warning before the time limit, the limit itself, a preemption), and
+    for a signal Slurm's record does not explain (the job is still running)."""
+    if signal_name != "SIGTERM":
+        return END, f"Slurm sent {signal_name}: the allocation ends (time limit or preemption)"
+    state, reason = fields.get("JobState", ""), fields.get("Reason", "")
+    restarts = fields.get("Restarts", "")
+    if restarts.isdigit() and int(restarts) > run_restarts:
+        return END, "Slurm sent SIGTERM: requeued by Slurm (a preemption)"
+    if state in ("TIMEOUT", "DEADLINE") or reason in ("TimeLimit", "Deadline"):
+        return END, "Slurm sent SIGTERM: the time limit"
+    preempted = fields.get("PreemptTime", "None") not in ("None", "Unknown", "")
+    if state == "PREEMPTED" or preempted:
+        return END, "Slurm sent SIGTERM: a preemption"
+    if state in ("CANCELLED", "COMPLETING"):
+        return CANCEL, "Slurm sent SIGTERM: the job was cancelled (scancel)"
+    return END, f"Slurm sent SIGTERM: the allocation ends ({state or 'state unknown'})"

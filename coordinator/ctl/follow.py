@@ -10,7 +10,13 @@ the Slurm job is requeued (``scontrol requeue``) and this exits with
 job because the allocation has too few nodes left to continue it. The requeued batch
 script starts the job again, and it resumes from that checkpoint.
 
-Exit: 0 completed, 1 failed (or stopped), :data:`~ringmaster.slurm.REQUEUE_EXIT` requeue.
+A SIGTERM is told apart by Slurm's own record of the job at that moment
+(:func:`ringmaster.slurm.ending`): the scheduler's cancel (``scancel``) stops the job the
+same way, with its checkpoint, but asks for no requeue and exits 1; a time limit or a
+preemption goes the requeue way.
+
+Exit: 0 completed, 1 failed (or stopped, or cancelled), :data:`~ringmaster.slurm.REQUEUE_EXIT`
+requeue.
 """
 
 from __future__ import annotations
@@ -69,15 +75,15 @@ async def follow(
     if allocation is not None:
         for sig in NOTICES:
             loop.add_signal_handler(sig, noticed.append, sig)
-    asked = False
+    asked, cancelled = False, False
     last: tuple[str, int] | None = None
     shown = 0.0
 
     async def ended() -> JobRecord | None:
-        nonlocal last, shown, asked
-        if noticed and not asked:
+        nonlocal last, shown, asked, cancelled
+        if noticed and not asked and allocation is not None:
             try:
-                await _stop(s, job_id, noticed[0])
+                cancelled = await _stop(s, job_id, noticed[0], allocation)
                 asked = True
             except CtlError as exc:  # no leader this moment (a takeover): ask again
                 print(f"{job_id}: the stop is not delivered yet: {exc}", file=sys.stderr)
@@ -107,9 +113,15 @@ async def follow(
                         file=sys.stderr,
                     )
                     s = await _again(sessions, reconnect)
-        if allocation is not None and job.requeue:
+        if allocation is not None and job.requeue and not cancelled:
             # the requeue makes Slurm signal this step again: still handled, not fatal
             return await asyncio.to_thread(_requeue, allocation)
+        if allocation is not None and cancelled:
+            print(
+                f"Slurm job {allocation.job_id} cancelled: {job_id} {job.state.value} at step "
+                f"{job.step}, not requeued; exit 1",
+                file=sys.stderr,
+            )
         return 0 if job.state is JobState.COMPLETED else 1
     finally:
         for sig in NOTICES if allocation is not None else ():
@@ -129,15 +141,32 @@ async def _again(
             continue
 
 
-async def _stop(s: Session, job_id: str, signum: int) -> None:
-    name = signal.Signals(signum).name
-    why = f"Slurm sent {name}: the allocation ends (time limit or preemption)"
-    reply = await s.ask("control", JobControl(job=job_id, action="stop", reason=why, requeue=True))
+async def _stop(s: Session, job_id: str, signum: int, allocation: Allocation) -> bool:
+    """Stop the job for Slurm's signal, to be requeued unless Slurm cancelled it; True
+    for a cancel."""
+    kind, why = await asyncio.to_thread(_why, signal.Signals(signum).name, allocation)
+    cancel = kind == slurm.CANCEL
+    stop = JobControl(job=job_id, action="stop", reason=why, requeue=not cancel)
+    reply = await s.ask("control", stop)
+    then = "not to be requeued" if cancel else "to be requeued"
     if not reply.ok:
         print(f"{job_id}: {why}; the stop was refused: {reply.error}", file=sys.stderr)
     else:  # a loop that cannot checkpoint is stopped without one, and the reply says so
         how = reply.note or "at a checkpoint"
-        print(f"{job_id}: {why}; stopping ({how}) to be requeued", file=sys.stderr)
+        print(f"{job_id}: {why}; stopping ({how}) {then}", file=sys.stderr)
+    return cancel
+
+
+def _why(name: str, allocation: Allocation) -> tuple[str, str]:
+    """What Slurm's signal means (:func:`ringmaster.slurm.ending`); Slurm not answering
+    leaves it a notice that the allocation ends, as before the record could be read."""
+    fields: dict[str, str] = {}
+    if name == "SIGTERM":
+        try:
+            fields = slurm.job_fields(allocation.job_id)
+        except slurm.SlurmError as exc:
+            print(f"warning: Slurm job {allocation.job_id} not read: {exc}", file=sys.stderr)
+    return slurm.ending(name, fields, allocation.restarts)
 
 
 def _requeue(allocation: Allocation) -> int:

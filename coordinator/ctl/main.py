@@ -27,6 +27,7 @@ from coordinator.ctl.follow import follow, inside_allocation
 from coordinator.ctl.home import home, resolve, resolve_creds
 from coordinator.ctl.inject import inject
 from coordinator.ctl.jobfile import JobFileError, load_job
+from coordinator.ctl.nodes import node_command
 from coordinator.ctl.report import report
 from coordinator.ctl.start_point import decide, in_use, sharing
 from coordinator.ctl.status import render, status_json
@@ -141,6 +142,18 @@ def build() -> argparse.ArgumentParser:
     for verb in ("pause", "resume", "checkpoint", "stop"):
         c = sub.add_parser(verb, parents=[common], help=f"{verb} a job")
         c.add_argument("job")
+    cordon = sub.add_parser("cordon", parents=[common], help="no new placements on a node")
+    cordon.add_argument("node")
+    cordon.add_argument("--reason", default="", help="why, shown with the cordon")
+    drain = sub.add_parser(
+        "drain", parents=[common], help="take a node out: its jobs move elsewhere"
+    )
+    drain.add_argument("node")
+    drain.add_argument("--reason", required=True, help="why (shown in status and in Slurm)")
+    undrain = sub.add_parser(
+        "undrain", parents=[common], help="return a node to placement (also lifts a cordon)"
+    )
+    undrain.add_argument("node")
     rep = sub.add_parser("report", parents=[common], help="a job's goodput, costs and timeline")
     rep.add_argument("job")
     rep.add_argument("--price-per-gpu-hour", type=price, metavar="X", help="money per GPU-hour")
@@ -298,6 +311,8 @@ async def _remote(
                 file=sys.stderr,
             )
             return 0
+        if cmd in ("cordon", "drain", "undrain"):
+            return await node_command(s, cmd, args.node, getattr(args, "reason", ""), creds)
         if cmd == "report":
             print(await report(s, args.job, args.price_per_gpu_hour, args.html, args.json))
             return 0

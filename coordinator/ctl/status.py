@@ -19,6 +19,7 @@ from rich.text import Text
 from coordinator import loop_support
 from coordinator.ctl.bus import Session
 from coordinator.ctl.errors import CtlError
+from proto.conditions import condition_key
 from proto.job import GOODPUT_BUCKETS, Allocation, JobRecord
 from proto.node import CoordinatorRecord, NodeRecord
 from proto.progress import Reaction
@@ -92,20 +93,17 @@ def render(console: Console, data: Any, job_id: str | None, *, wide: bool = Fals
         nvme = " ".join(f"{v:.0f}" for v in tel["nvme_latency_us"].values()) or "-"
         temps = " ".join(f"{g['temp_c']:.0f}" for g in tel["gpus"] if g.get("temp_c")) or "-"
         clock = f"{tel['clock_offset_ms']:.2f}" if tel.get("clock_offset_ms") is not None else "-"
-        # why a node is not ready: its agent's open conditions (the evidence, advisory
-        # ones on a ready node too: what it runs with), else why the coordinator drains it
-        faults = "; ".join(c["reason"] or c["kind"] for c in n["conditions"])
-        faults = faults or n.get("drain_reason") or ""
+        flags = [f for f, on in (("held", n.get("held")), ("cordoned", n.get("cordoned_by"))) if on]
         rows.append(
             [
                 n["id"],
-                _state(n["state"]),
+                ", ".join([_state(n["state"]), *flags]),
                 str(n["gpus"]),
                 nvme,
                 temps,
                 clock,
                 ", ".join(n["jobs"]) or "-",
-                faults,
+                node_notes(n),
             ]
         )
     _print(console, "nodes", _NODE_COLUMNS, rows, wide)
@@ -129,6 +127,23 @@ def render(console: Console, data: Any, job_id: str | None, *, wide: bool = Fals
     for c in data["coordinators"]:
         age = time.time() - c["updated_at"]
         console.print(f"{c['id']}: {c['role']} (epoch {c['epoch']}, seen {age:.0f} s ago)")
+
+
+def node_notes(n: dict[str, Any]) -> str:
+    """Why a node is not ready, whoever says so: why it drains (who drained it, its hold,
+    its probation) unless that is one of its conditions; its agent's open conditions (the
+    evidence, advisory ones on a ready node too: what it runs with); its cordon; a drain
+    in Slurm someone else set."""
+    conditions = n["conditions"]
+    keys = {condition_key(c["kind"], c.get("node", ""), c.get("subject", "")) for c in conditions}
+    drain = n.get("drain_reason") or ""
+    notes = [drain] if drain and drain.split(": ", 1)[0] not in keys else []
+    notes += [c["reason"] or c["kind"] for c in conditions]
+    if n.get("cordoned_by"):
+        notes.append(f"cordoned by {n['cordoned_by']}")
+    if n.get("slurm_drain"):
+        notes.append(f"drained in Slurm: {n['slurm_drain']}")
+    return "; ".join(notes)
 
 
 def left_out(excluded: dict[str, Any], now: float) -> str:

@@ -31,7 +31,7 @@ from nats.aio.client import Client
 
 from nodeagent.collectors.base import Sample
 from nodeagent.collectors.clock_peer import PeerClock
-from proto.events import ClockResynced, Severity
+from proto.events import ClockResynced, ClockResyncFailed, Severity
 
 STA_UNSYNC, STA_NANO = 0x40, 0x2000
 STATES = ("TIME_OK", "TIME_INS", "TIME_DEL", "TIME_OOP", "TIME_WAIT", "TIME_ERROR")
@@ -255,7 +255,7 @@ class ClockCollector:
             return skew, 0.0, "skew_file"
         return None, None, "none"
 
-    async def resync(self) -> ClockResynced:
+    async def resync(self) -> ClockResynced | ClockResyncFailed:
         """Run the step command, then measure again: the ``resync_clock`` command."""
         before = self.last_offset_ms
         ok, why = await asyncio.to_thread(self._run_step)
@@ -264,17 +264,27 @@ class ClockCollector:
             await self.peer.measure()
         sample = await asyncio.to_thread(self._fresh_sample)
         after = sample.offset_ms
-        ok = ok and sample.synced and (after is None or abs(after) <= self._max_offset_ms)
         text = "n/a" if after is None else f"{after:+.2f} ms"
         was = "n/a" if before is None else f"{before:+.2f} ms"
-        return ClockResynced(
-            severity=Severity.INFO if ok else Severity.WARNING,
-            offset_before_ms=before or 0.0,
-            offset_after_ms=after or 0.0,
-            offset_measured=after is not None,
-            ok=ok,
-            message=f"clock resync {'done' if ok else 'failed'}: {was} → {text}"
-            + (f" ({why})" if why else ""),
+        if ok and not sample.synced:
+            why = "still unsynchronised after the step"
+        elif ok and after is not None and abs(after) > self._max_offset_ms:
+            why = f"still beyond {self._max_offset_ms:g} ms after the step"
+        before_ms, after_ms, measured = before or 0.0, after or 0.0, after is not None
+        if not why:
+            return ClockResynced(
+                offset_before_ms=before_ms,
+                offset_after_ms=after_ms,
+                offset_measured=measured,
+                message=f"clock resync done: {was} → {text}",
+            )
+        return ClockResyncFailed(
+            severity=Severity.WARNING,
+            offset_before_ms=before_ms,
+            offset_after_ms=after_ms,
+            offset_measured=measured,
+            reason=why,
+            message=f"clock resync failed: {was} → {text} ({why})",
         )
 
     def _run_step(self) -> tuple[bool, str]:

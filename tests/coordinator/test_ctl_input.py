@@ -124,6 +124,10 @@ def test_good_job_prints_its_id_alone_and_is_pending_without_nodes(
         (["inject", "node-9", "nvme-latency=abc"], "nvme-latency"),
         (["inject", "node-9", "nvme-latency=500"], "no node 'node-9'"),
         (["frobnicate"], "invalid choice"),
+        (["cordon", "node-9"], "no node 'node-9'"),
+        (["undrain", "node-9"], "no node 'node-9'"),
+        (["drain", "node-9"], "the following arguments are required: --reason"),
+        (["drain", "node-9", "--reason", " "], "drain needs a reason"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(
@@ -151,7 +155,12 @@ async def test_malformed_api_requests_get_an_error_reply(coordinator: str) -> No
 
     nc = await nats.connect(coordinator)
     try:
-        for verb, payload in (("submit", b"\xff garbage"), ("control", b'{"job": 5}')):
+        malformed = (
+            ("submit", b"\xff garbage"),
+            ("control", b'{"job": 5}'),
+            ("node", b'{"node": "node-1", "action": "reboot"}'),
+        )
+        for verb, payload in malformed:
             msg = await nc.request(subjects.api("local", verb), payload, timeout=10)
             reply = api_reply_decoder.decode(msg.data)
             assert not reply.ok and reply.error.startswith(f"invalid {verb} request")

@@ -59,6 +59,45 @@ def test_conditions_column_shows_the_evidence_then_the_drain_reason() -> None:
     assert row(text, "n-ok").rstrip().endswith("│")  # nothing wrong, nothing shown
 
 
+def test_a_drained_node_says_who_drained_it_and_why_beside_its_cordon_and_slurms_word() -> None:
+    readonly = Condition(
+        kind=ConditionKind.NVME_READONLY,
+        node="n-ro",
+        subject="nvme0n1",
+        severity=Severity.CRITICAL,
+        reason="nvme0n1 read-only (ro=1)",
+    )
+    text = rendered(
+        NodeRecord(
+            id="n-ro",
+            state=NodeState.DRAINING,
+            conditions=[readonly],
+            drain_reason=f"{readonly.key}: nvme0n1 read-only (ro=1)",
+            drained_by="ringmaster",
+        ),
+        NodeRecord(
+            id="n-op",
+            state=NodeState.DRAINING,
+            drain_reason="drained by alice: disk swap",
+            drained_by="alice",
+            cordoned_by="bob",
+        ),
+        NodeRecord(
+            id="n-held",
+            state=NodeState.DRAINING,
+            held=True,
+            drain_reason="held for a person: nvme.readonly 3 times within 60 min",
+        ),
+        NodeRecord(id="n-adm", state=NodeState.READY, slurm_drain="admin: fan check"),
+    )
+    assert row(text, "n-ro").count("read-only (ro=1)") == 1  # the drain is its condition
+    op = row(text, "n-op")
+    assert "draining, cordoned" in op and "drained by alice: disk swap" in op, op
+    assert "cordoned by bob" in op
+    assert "draining, held" in row(text, "n-held") and "3 times" in row(text, "n-held")
+    assert "drained in Slurm: admin: fan check" in row(text, "n-adm")
+
+
 def test_jobs_table_shows_speed_and_mfu_where_known() -> None:
     console = Console(record=True, width=200)
     job = {

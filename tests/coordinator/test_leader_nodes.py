@@ -1,14 +1,13 @@
-"""The leader's node-record writer: changes go out at once, unchanged nodes are not
-rewritten every pass, and nodes that join mid-pass do not break it."""
+"""The leader's node-record writer (coordinator.node_records): changes go out at once,
+unchanged nodes are not rewritten every pass, and nodes that join mid-pass do not break it."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
-from coordinator.leader import Leadership
+from coordinator.node_records import NodeRecords
 from coordinator.registry import Registry
 from proto.conditions import Condition, ConditionKind
 from proto.node import Heartbeat
@@ -34,29 +33,23 @@ class FakeKv:
         return len(self.puts)
 
 
-class Buckets:
-    def __init__(self, kv: FakeKv) -> None:
-        self.nodes = kv
-
-
 async def test_changes_are_written_at_once_and_unchanged_nodes_are_not() -> None:
     registry = Registry()
     for i in range(20):
         registry.observe(Heartbeat(node=f"n{i}", seq=1, sent_at=0.0), 0.0)
     kv = FakeKv(registry)
-    leader: Any = Leadership.__new__(Leadership)
-    leader.registry, leader.buckets, leader._node_written = registry, Buckets(kv), {}
-    leader.clock = ManualClock()  # still: no refresh falls due between the passes
-    await leader._write_nodes()
+    # a still clock: no refresh falls due between the passes
+    records = NodeRecords(registry, kv, ManualClock())
+    await records.write()
     assert sorted(kv.puts) == sorted(f"n{i}" for i in range(20))
     kv.puts.clear()
-    await leader._write_nodes()  # the three late joiners, nothing else
+    await records.write()  # the three late joiners, nothing else
     assert sorted(kv.puts) == ["late-1", "late-2", "late-3"]
     kv.puts.clear()
-    await leader._write_nodes()
+    await records.write()
     assert kv.puts == []
     registry.observe_condition(
         Condition(kind=ConditionKind.NVME_LATENCY, node="n7", subject="nvme0n1", since=1.0)
     )
-    await leader._write_nodes()
+    await records.write()
     assert kv.puts == ["n7"]

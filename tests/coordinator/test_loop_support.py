@@ -71,10 +71,10 @@ def test_an_evacuation_of_a_loop_that_cannot_checkpoint_does_not_wait_for_one() 
     from proto.conditions import Condition, ConditionKind
 
     notice = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="spot")
-    _, restart = policy.on_condition(script(), notice)
+    [restart] = policy.on_condition(script(), notice)
     assert isinstance(restart, actions.RestartJob) and not restart.graceful
     assert "no checkpoint first" in restart.reason
-    _, restart = policy.on_condition(script(list(Reaction)), notice)
+    [restart] = policy.on_condition(script(list(Reaction)), notice)
     assert isinstance(restart, actions.RestartJob) and restart.graceful
 
 

@@ -6,7 +6,14 @@ import pytest
 
 from coordinator import actions, policy, progress_policy
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
-from proto.events import ClockResynced, NodeAway, NodeLost, NvmeLatencySpike, WorkerExited
+from proto.events import (
+    ClockResynced,
+    ClockResyncFailed,
+    NodeAway,
+    NodeLost,
+    NvmeLatencySpike,
+    WorkerExited,
+)
 from proto.job import Allocation, Exclusion, Failure, JobRecord, JobSection, JobSpec, JobState
 
 
@@ -200,8 +207,8 @@ def test_stop_requested_ends_stopped() -> None:
 def test_node_ending_conditions_drain_and_restart_gracefully_without_the_node(
     cond: Condition,
 ) -> None:
-    drain, restart = policy.on_condition(job(), cond)
-    assert isinstance(drain, actions.DrainNode) and drain.node == "node-1"
+    # the node drains by its critical condition itself (coordinator.node_life)
+    [restart] = policy.on_condition(job(), cond)
     # graceful: the ranks checkpoint at the next boundary and resume from exactly there
     assert isinstance(restart, actions.RestartJob) and restart.graceful
     assert restart.exclude == ("node-1",) and restart.failure is not None
@@ -225,17 +232,16 @@ def test_a_hardware_thermal_slowdown_is_critical_below_the_threshold() -> None:
         severity=Severity.CRITICAL,
         reason="GPU 2 critical: 80 °C, hw_thermal_slowdown",
     )
-    decided = policy.on_condition(job(), slow)
-    assert [type(a) for a in decided] == [actions.DrainNode, actions.RestartJob]
-    assert "hw_thermal_slowdown" in decided[0].reason  # type: ignore[union-attr]
+    [restart] = policy.on_condition(job(), slow)
+    assert isinstance(restart, actions.RestartJob)
+    assert "hw_thermal_slowdown" in restart.reason
     assert policy.on_condition(job(), closed(slow)) == []
 
 
-def test_an_away_node_whose_ranks_stopped_is_lost_drained_and_left_out() -> None:
+def test_an_away_node_whose_ranks_stopped_is_lost_and_left_out() -> None:
     decided = policy.decide(job(), NodeAway(node="node-0"))
     assert decided == [
         actions.DeclareLost("node-0", "the ranks of t-1 stopped stepping"),
-        actions.DrainNode("node-0", "heartbeat lost"),
         actions.RestartJob(
             "node node-0 lost", ("node-0",), Failure(node="node-0", cause="node lost")
         ),
@@ -254,7 +260,6 @@ def test_a_script_reporting_no_steps_waits_out_the_grace_of_its_away_node() -> N
     script = JobSpec(job=JobSection(name="t", nodes=2, entry=["/bin/sh", "-c", "sleep 9"]))
     assert policy.decide(job(spec=script), NodeAway(node="node-0")) == []
     assert policy.decide(job(spec=script), NodeLost(node="node-0")) == [
-        actions.DrainNode("node-0", "heartbeat lost"),
         actions.RestartJob(
             "node node-0 lost", ("node-0",), Failure(node="node-0", cause="node lost")
         ),
@@ -271,19 +276,20 @@ def test_clock_drift_resyncs_and_a_failed_resync_drains() -> None:
     ]
     assert policy.on_node_condition(closed(drift)) == []
     assert policy.on_node_condition(spike()) == []
-    failed = ClockResynced(node="node-1", ok=False, offset_after_ms=9.5)
-    decided = policy.decide(job(), failed)
-    assert [type(a) for a in decided] == [actions.DrainNode, actions.RestartJob]
-    assert decided[0].reason == "clock on node-1 still +9.5 ms off (limit 5 ms) after a resync"  # type: ignore[union-attr]
-    assert policy.decide(job(), ClockResynced(node="node-1", ok=True)) == []
+    failed = ClockResyncFailed(node="node-1", offset_after_ms=9.5)
+    drain, restart = policy.decide(job(), failed)
+    why = "clock on node-1 still +9.5 ms off (limit 5 ms) after a resync"
+    assert drain == actions.DrainNode("node-1", "clock.drift:node-1", why)
+    assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-1",)
+    assert policy.decide(job(), ClockResynced(node="node-1", offset_after_ms=9.5)) == []
 
 
 def test_a_failed_resync_without_evidence_kills_nothing() -> None:
     """Seen on a real node without chrony: the kernel says unsynchronised, the measured
     offset is -0.02 ms, the resync fails because chronyc is missing. No drain."""
-    no_tool = ClockResynced(node="node-1", ok=False, offset_after_ms=-0.02)
+    no_tool = ClockResyncFailed(node="node-1", offset_after_ms=-0.02)
     assert policy.decide(job(), no_tool) == []
-    unmeasured = ClockResynced(node="node-1", ok=False, offset_measured=False)
+    unmeasured = ClockResyncFailed(node="node-1", offset_measured=False)
     assert policy.decide(job(), unmeasured) == []
 
 
@@ -321,8 +327,7 @@ def test_a_node_that_came_back_after_being_left_out_is_evacuated_again() -> None
     back = job()
     back.excluded = {"node-1": Exclusion(reason="spot", since=0.0, until=1.0)}
     notice = Condition(kind=ConditionKind.PREEMPTION, node="node-1", subject="aws")
-    drain, restart = policy.on_condition(back, notice)
-    assert isinstance(drain, actions.DrainNode) and drain.node == "node-1"
+    [restart] = policy.on_condition(back, notice)
     assert isinstance(restart, actions.RestartJob) and restart.exclude == ("node-1",)
 
 
@@ -338,9 +343,27 @@ def test_a_restart_that_cannot_be_placed_inside_an_allocation_stops_to_be_requeu
         "skipped: node-1: node is lost; requeue it",
         requeue=True,
     )
-    # a first start waits for its nodes' agents as outside (they may still be starting)
+    # a first start waits longer (its nodes' agents may still be starting), then the same:
+    # an allocation holding a node Ringmaster will not use is not held idle
     first = job(JobState.PENDING, allocation=inside, waiting_since=1000.0)
-    assert policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_WAIT_S) == []
+    first.reason = "waiting for 2 healthy nodes; skipped: node-1: node is draining"
+    assert policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_START_WAIT_S - 1) == []
+    [stop] = policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_START_WAIT_S)
+    assert stop == actions.FinishJob(
+        JobState.STOPPED,
+        "cannot start inside Slurm job 42's allocation: waiting for 2 healthy nodes; "
+        "skipped: node-1: node is draining; requeue it",
+        requeue=True,
+    )
     # outside an allocation: the job's own wait_for_nodes_s, then it fails
     outside = job(JobState.RECOVERING, waiting_since=1000.0)
     assert policy.waited_too_long(outside, 1000.0 + policy.ALLOCATION_WAIT_S) == []
+
+
+def test_an_operators_drain_moves_a_job_off_the_node_checkpoint_first_spending_nothing() -> None:
+    [restart] = policy.on_operator_drain(job(), "node-1", "drained by alice: disk swap")
+    assert isinstance(restart, actions.RestartJob) and restart.graceful
+    assert restart.exclude == () and restart.failure is None  # its drain keeps it out
+    assert restart.reason == "node-1 drained: drained by alice: disk swap"
+    assert policy.on_operator_drain(job(), "node-7", "elsewhere") == []
+    assert policy.on_operator_drain(job(JobState.COMPLETED), "node-1", "done") == []

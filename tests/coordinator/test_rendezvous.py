@@ -243,13 +243,41 @@ def test_telemetry_is_read_when_asked_for_and_a_malformed_one_loses_no_beat() ->
     assert node.telemetry == good.telemetry and node.telemetry_error == ""
 
 
-def test_a_draining_node_stays_draining_whatever_its_conditions() -> None:
+def test_a_node_its_life_drains_stays_draining_whatever_its_conditions() -> None:
     reg = Registry()
     reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0), now=0.0)
-    reg.drain("n", "clock still 9.5 ms off after a resync")
+    reg.nodes["n"].drain_reason = "clock still 9.5 ms off after a resync"  # the keeper's
     reg.observe(Heartbeat(node="n", seq=2, sent_at=1.0), now=1.0)
     assert reg.nodes["n"].state is NodeState.DRAINING
     assert reg.nodes["n"].why_not_healthy() == "clock still 9.5 ms off after a resync"
+    reg.nodes["n"].drain_reason = ""  # its life returns it
+    reg.observe(Heartbeat(node="n", seq=3, sent_at=2.0), now=2.0)
+    assert reg.nodes["n"].state is NodeState.READY
+
+
+def test_a_judged_drain_lasts_while_its_condition_is_open_and_nodes_changed_are_noted() -> None:
+    clock = Condition(kind=ConditionKind.CLOCK, node="n", value=9.5, since=0.5)
+    reg = Registry()
+    reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0), now=0.0)
+    assert reg.touched == {"n"}
+    reg.touched.clear()
+    reg.drain("n", clock.key, "still 9.5 ms off")  # not open: nothing to drain for
+    assert reg.nodes["n"].judged == {} and reg.touched == set()
+    reg.observe(Heartbeat(node="n", seq=2, sent_at=1.0, conditions=(clock,)), now=1.0)
+    reg.drain("n", clock.key, "still 9.5 ms off")
+    assert reg.nodes["n"].judged == {clock.key: "still 9.5 ms off"} and reg.touched == {"n"}
+    reg.touched.clear()
+    reg.observe(Heartbeat(node="n", seq=3, sent_at=2.0, conditions=(clock,)), now=2.0)
+    assert reg.touched == set()  # the same beat again: nothing changed
+
+
+def test_a_cordoned_node_is_not_admitted() -> None:
+    reg = Registry()
+    reg.observe(Heartbeat(node="n", seq=1, sent_at=0.0), now=0.0)
+    reg.nodes["n"].cordoned_by = "alice"
+    assert not reg.nodes["n"].healthy and reg.nodes["n"].state is NodeState.READY
+    adm = admit(list(reg.nodes.values()), 1, 1, set(), {})
+    assert adm.chosen == [] and adm.skipped == {"n": "cordoned by alice"}
 
 
 def test_silence_while_the_bus_is_out_is_not_node_loss() -> None:

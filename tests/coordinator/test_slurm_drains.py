@@ -1,15 +1,23 @@
-"""The Slurm decisions (pure): drains and their lifting, jobs whose allocation is gone;
-and the parsing of Slurm's node table."""
+"""The Slurm decisions (pure): drains set and lifted exactly with each node's life, jobs
+whose allocation is gone; and the parsing of Slurm's node table."""
 
 from __future__ import annotations
 
+import pytest
+
+from coordinator import node_life
+from coordinator.node_keeper import NodeKeeper, evidence
 from coordinator.registry import NodeInfo
-from coordinator.slurm_drains import Drain, Lift, plan
+from coordinator.slurm_drains import Drain, Lift, SlurmDrains, plan
 from coordinator.slurm_jobs import gone
 from proto.conditions import Condition, ConditionKind, Severity
 from proto.job import Allocation, JobRecord, JobSection, JobSpec, JobState
 from proto.node import NodeState
+from proto.node_life import NodeLife
+from ringmaster import slurm as slurm_commands
 from ringmaster.slurm import SlurmNode, parse_nodes
+
+pytestmark = pytest.mark.anyio
 
 READONLY = Condition(
     kind=ConditionKind.NVME_READONLY,
@@ -20,9 +28,18 @@ READONLY = Condition(
 )
 
 
-def node(name: str, *conds: Condition, state: NodeState = NodeState.READY) -> NodeInfo:
+def node(
+    name: str,
+    *conds: Condition,
+    state: NodeState = NodeState.READY,
+    life: NodeLife | None = None,
+    lost_reason: str = "",
+) -> NodeInfo:
+    """A node as the registry holds it, its life brought up to its evidence."""
     n = NodeInfo(id=name, hostname=f"{name}.cluster.example", state=state)
-    n.conditions = {c.key: c for c in conds}
+    n.conditions, n.lost_reason = {c.key: c for c in conds}, lost_reason
+    life, _ = node_life.step(life or NodeLife(node=name), evidence(n), 0.0)
+    NodeKeeper._show(n, life, 0.0)
     return n
 
 
@@ -39,17 +56,59 @@ def test_a_critical_hardware_condition_drains_with_its_key_and_evidence() -> Non
     assert changes == [Drain("node-1", "nvme.readonly:node-1:nvme0n1", reason)]
 
 
-def test_warnings_and_notices_are_no_drain() -> None:
+def test_warnings_are_no_drain_and_a_notice_drains_while_it_stands() -> None:
     warm = Condition(kind=ConditionKind.GPU_THERMAL, node="node-0", subject="0")
+    assert plan([node("node-0", warm)], slurm(node_0=("idle", "")), {}) == []
     notice = Condition(
-        kind=ConditionKind.PREEMPTION, node="node-0", subject="aws", severity=Severity.CRITICAL
+        kind=ConditionKind.PREEMPTION,
+        node="node-0",
+        subject="aws",
+        severity=Severity.CRITICAL,
+        reason="aws: terminate",
     )
-    assert plan([node("node-0", warm, notice)], slurm(node_0=("idle", "")), {}) == []
+    [drain] = plan([node("node-0", notice)], slurm(node_0=("idle", "")), {})
+    assert drain.reason == "ringmaster: spot.notice:node-0:aws: aws: terminate"
+
+
+def test_a_node_on_probation_stays_drained_and_is_lifted_once_it_serves() -> None:
+    drained = node("node-1", READONLY)
+    known = slurm(node_1=("drained", f"ringmaster: {READONLY.key}: ro"))
+    assert plan([drained], known, {}) == []
+    life, _ = node_life.step(NodeLife(node="node-1"), evidence(drained), 0.0)
+    healed = NodeInfo(id="node-1")
+    life, _ = node_life.step(life, evidence(healed), 10.0)  # closed: on probation
+    NodeKeeper._show(healed, life, 10.0)
+    assert healed.state is NodeState.DRAINING and plan([healed], known, {}) == []
+    life, _ = node_life.step(life, evidence(healed), 10.0 + 300.0)
+    NodeKeeper._show(healed, life, 310.0)
+    assert plan([healed], known, {}) == [Lift("node-1", f"ringmaster: {READONLY.key}: ro")]
+
+
+def test_an_operators_drain_says_so_in_slurm() -> None:
+    life, _, _ = node_life.command(NodeLife(node="node-0"), "drain", "alice", "disk swap", 0.0)
+    [drain] = plan([node("node-0", life=life)], slurm(node_0=("idle", "")), {})
+    assert drain == Drain("node-0", "operator", "ringmaster: operator: disk swap")
+
+
+async def test_someone_elses_drain_is_shown_beside_the_node_and_never_touched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    known = slurm(node_0=("drained", "admin: fan check"), node_1=("idle", ""))
+    monkeypatch.setattr(slurm_commands, "nodes", lambda: known)
+    changed: list[tuple[str, ...]] = []
+    monkeypatch.setattr(slurm_commands, "drain", lambda *a: changed.append(("drain", *a)))
+    monkeypatch.setattr(slurm_commands, "lift", lambda *a: changed.append(("lift", *a)))
+    nodes = [node("node-0"), node("node-1")]
+
+    async def publish(event: object) -> None:
+        pass
+
+    await SlurmDrains(lambda: nodes, publish).reconcile()
+    assert [n.slurm_drain for n in nodes] == ["admin: fan check", ""] and changed == []
 
 
 def test_a_lost_node_is_drained_and_an_away_one_is_left_alone() -> None:
-    lost = node("node-0", state=NodeState.LOST)
-    lost.lost_reason = "the ranks of j-1 stopped stepping"
+    lost = node("node-0", state=NodeState.LOST, lost_reason="the ranks of j-1 stopped stepping")
     away = node("node-1", READONLY, state=NodeState.AWAY)
     known = slurm(node_0=("down*", ""), node_1=("drained", "ringmaster: x: y"))
     [drain] = plan([lost, away], known, {})
@@ -78,8 +137,8 @@ def test_a_drain_fires_once_per_fault_even_when_someone_lifts_it() -> None:
 
 def test_nodes_are_matched_by_id_then_short_hostname_and_unknown_ones_skipped() -> None:
     known = {"gpu-07": SlurmNode("gpu-07", "idle", "")}
-    by_host = NodeInfo(id="rack3-07", hostname="gpu-07.cluster.example")
-    by_host.conditions = {READONLY.key: READONLY}
+    by_host = node("rack3-07", READONLY)
+    by_host.hostname = "gpu-07.cluster.example"
     stranger = node("node-9", READONLY)
     assert [c.node for c in plan([by_host, stranger], known, {})] == ["gpu-07"]
 

@@ -7,16 +7,20 @@ refuses a job Slurm placed there, and the job runs on another node. An ``sbatch 
 script then runs ``exec coordinatorctl start --wait``: the job trains on two
 of the allocation's nodes and holds the third as its spare. An NVMe turning read-only on a
 job node drains it in Slurm with Ringmaster's reason, and the job goes on on the spare;
-once the device is writable again the drain is lifted, while the drain an administrator
-set on another node meanwhile stays. Slurm's ``USR1`` to the batch step stops the job at a
-step every rank agrees on, with a checkpoint there (0 steps lost); ``start`` requeues the
-Slurm job and exits 75, and the requeued script's job resumes from that step. Preempted by
-a job of a higher partition (``PreemptMode=REQUEUE``, ``GraceTime``), Slurm's ``SIGTERM``
-stops it the same way, Slurm requeues it itself, and the next run resumes there. Its time
-limit cut short, Slurm's warning before it (``--signal=B:USR1@100``) stops it the same way.
+once the device is writable again the node is on probation, still drained in Slurm, and
+the drain is lifted as Ringmaster returns it, while the drain an administrator set on
+another node meanwhile stays, shown beside that node in ``status``. Slurm's ``USR1`` to
+the batch step stops the job at a step every rank agrees on, with a checkpoint there
+(0 steps lost); ``start`` requeues the Slurm job and exits 75, and the requeued script's
+job resumes from that step, training on the returned node. Preempted by a job of a higher
+partition (``PreemptMode=REQUEUE``, ``GraceTime``), Slurm's ``SIGTERM`` stops it the same
+way, Slurm requeues it itself, and the next run resumes there. Its time limit cut short,
+Slurm's warning before it (``--signal=B:USR1@100``) stops it the same way. ``scancel``
+cancels it: the job stops at its checkpoint and nothing is requeued.
 
-Inside a 2-node allocation: an agent restarted by its supervisor, then the bus frozen
-for 30 s, drain nothing and restart nothing; a machine that dies (agent, ranks,
+Inside a 2-node allocation: an operator's drain of the node outside it shows in Slurm as
+``ringmaster: operator: …`` until ``undrain``; an agent restarted by its supervisor, then
+the bus frozen for 30 s, drain nothing and restart nothing; a machine that dies (agent, ranks,
 ``slurmd``) is drained in Slurm as lost, the job, with no spare left, stops to be
 requeued, and the requeued job runs without that node; a batch step killed outright
 stops its job.
@@ -44,6 +48,7 @@ from ringmaster.slurm import REQUEUE_EXIT
 pytestmark = pytest.mark.slow
 NODES = ["node-0", "node-1", "node-2"]
 BUS_FREEZE_S = 30.0  # twice the away grace: only the bus' own canary tells it from losses
+PROBATION_S = 10.0  # NVMe read-only's, cut from its default for the scenario
 
 
 @pytest.fixture
@@ -59,7 +64,11 @@ def drains(s: Slurm) -> dict[str, str]:
 
 
 def node_state(ctl: Ctl, node: str) -> str:
-    return next(str(n["state"]) for n in ctl.view(None)["nodes"] if n["id"] == node)
+    return str(node_record(ctl, node)["state"])
+
+
+def node_record(ctl: Ctl, node: str) -> dict[str, Any]:
+    return next(dict(n) for n in ctl.view(None)["nodes"] if n["id"] == node)
 
 
 def batch_script(ctl: Ctl, tmp_path: Path, every: int = 1000) -> Path:
@@ -101,6 +110,7 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
 ) -> None:
     s = slurm_cluster
     ctl.env["SLURM_CONF"] = str(s.conf)  # the coordinators drain through this Slurm
+    ctl.env["RINGMASTER_PROBATION"] = f"nvme.readonly={PROBATION_S:g}"
     ctl("up", "--netns", "--nodes", "3")  # a Slurm node and its agent share a namespace
     s.start(ns.read(ctl.home))
 
@@ -152,15 +162,27 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
     moved = ctl.wait(job["id"], lambda j: j["state"] == "running" and bad not in j["nodes"])
     assert len(moved["nodes"]) == 2
 
-    # an administrator drains another node meanwhile; ours is lifted once the device is
-    # writable again, theirs stays
+    # an administrator drains another node meanwhile, shown beside it; once the device is
+    # writable again the node is on probation, still drained in Slurm, and ours is lifted
+    # as Ringmaster returns it; theirs stays
     admin = moved["nodes"][0]
     s("scontrol", "update", f"NodeName={admin}", "State=DRAIN", "Reason=admin: fan check")
+    shown = lambda: node_record(ctl, admin)["slurm_drain"] == "admin: fan check"  # noqa: E731
+    eventually(shown, 30, lambda: f"{admin}: {node_record(ctl, admin)}", 0.5)
     ctl("inject", bad, "nvme-readonly=off")
+    eventually(
+        lambda: node_record(ctl, bad)["drain_reason"].startswith("probation after"),
+        30,
+        lambda: f"{bad} not on probation: {node_record(ctl, bad)}",
+        0.25,
+    )
+    assert drains(s)[bad].startswith(f"ringmaster: nvme.readonly:{bad}:"), drains(s)
     eventually(lambda: bad not in drains(s), 60, lambda: f"{bad} still drained", 0.5)
-    assert drains(s) == {admin: "admin: fan check"}
+    assert node_state(ctl, bad) == "ready" and drains(s) == {admin: "admin: fan check"}
     lifted = [e for e in ctl.events("--node", bad, "--kind", "node.slurm")]
     assert [e["action"] for e in lifted] == ["drained", "resumed"], lifted
+    returned = [e for e in ctl.events("--node", bad, "--kind", "node.returned")]
+    assert lifted[1]["time"] >= returned[-1]["time"], (lifted, returned)  # not before it
     s("scontrol", "update", f"NodeName={admin}", "State=RESUME")
 
     # Slurm's warning that the allocation ends: a checkpoint at an agreed step, 0 lost
@@ -173,9 +195,11 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
     eventually(lambda: f"exit {REQUEUE_EXIT}" in out.read_text(), 30, lambda: out.read_text(), 0.5)
     assert f"requeued Slurm job {slurm_job}" in out.read_text()
 
-    # the requeued script's job resumes from that checkpoint in its new allocation
+    # the requeued script's job resumes from that checkpoint in its new allocation, on the
+    # node Ringmaster returned
     again = ringmaster_job(ctl, 1)
     assert again["id"] != job["id"] and again["resume_step"] == stopped["step"], again
+    assert bad in again["nodes"], again
     started = [e for e in ctl.events("--job", again["id"]) if e["kind"] == "job.started"]
     assert f"resuming from step {stopped['step']}" in started[0]["message"]
     assert s.job(slurm_job)["Restarts"] == "1"
@@ -202,13 +226,23 @@ def test_a_job_in_an_allocation_drains_in_slurm_and_is_requeued_at_its_checkpoin
     fourth = ringmaster_job(ctl, 3)
     assert fourth["resume_step"] == timed["step"], fourth
 
-    ctl("stop", fourth["id"])
-    ctl.wait(fourth["id"], lambda j: j["state"] == "stopped")
+    # the scheduler's cancel: the job stops at a checkpoint, and nothing is requeued
+    s("scancel", slurm_job)
+    cancelled = ctl.wait(fourth["id"], lambda j: j["state"] == "stopped")
+    assert not cancelled["requeue"] and "cancel" in cancelled["reason"].lower(), cancelled
+    saved = [e["step"] for e in ctl.events("--job", fourth["id"], "--kind", "job.checkpointed")]
+    assert saved and saved[-1] == cancelled["step"], (saved, cancelled)
+    said = f"Slurm job {slurm_job} cancelled: {fourth['id']} stopped"
+    eventually(lambda: said in out.read_text(), 30, out.read_text, 0.5)
     # what Slurm's accounting says of the runs (sacct over the job completion log): the
     # run stopped to be requeued, the preempted one, the one warned of its time limit,
-    # then the one the operator stopped
-    runs = [("PENDING", "0:0"), ("PREEMPTED", "0:0"), ("PENDING", "0:0"), ("FAILED", "1:0")]
-    eventually(lambda: s.completions(slurm_job) == runs, 30, lambda: s.completions(slurm_job), 0.5)
+    # then the cancelled one, not requeued
+    runs = ["PENDING", "PREEMPTED", "PENDING", "CANCELLED"]
+    done = lambda: [state for state, _ in s.completions(slurm_job)]  # noqa: E731
+    eventually(lambda: done() == runs, 30, done, 0.5)
+    assert s.job(slurm_job)["Restarts"] == "3" and not [
+        j for j in ctl.view(None)["jobs"] if (j.get("allocation") or {}).get("restarts") == 4
+    ]
 
 
 @pytest.mark.timeout(600)
@@ -227,6 +261,14 @@ def test_restarts_drain_nothing_and_a_node_lost_with_no_spare_is_requeued_withou
     job = ringmaster_job(ctl, 0)
     assert job["spare_nodes"] == [] and len(job["nodes"]) == 2
     assert job["allocation"]["job_id"] == slurm_job
+
+    # an operator's drain of the node outside the allocation shows in Slurm, until undrain
+    [free] = [n for n in NODES if n not in job["allocation"]["hosts"]]
+    ctl("drain", free, "--reason", "firmware update")
+    reason = eventually(lambda: drains(s).get(free), 30, lambda: f"{free} not drained", 0.5)
+    assert reason == "ringmaster: operator: firmware update", reason
+    ctl("undrain", free)
+    eventually(lambda: free not in drains(s), 30, lambda: f"{free} still drained", 0.5)
 
     # an agent killed and started again 1 s later (systemd's Restart=): its ranks train on;
     # no node.lost, no drain

@@ -72,7 +72,7 @@ def test_command_handler(data: bytes, seen: int) -> None:
             events.append(event)
 
         async def resync() -> ClockResynced:
-            return ClockResynced(ok=True, message="resynced")
+            return ClockResynced(message="resynced")
 
         handler = CommandHandler(
             "n1",

@@ -21,9 +21,10 @@ from coordinator.cas import MemoryCasStore
 from coordinator.fake_agents import FakeAgents
 from coordinator.jobs import JobManager
 from coordinator.leader import Leadership
+from coordinator.node_keeper import NodeKeeper
 from coordinator.registry import Registry
 from proto import subjects
-from proto.api import ApiReply, JobControl, SubmitJob
+from proto.api import ApiReply, JobControl, NodeControl, SubmitJob
 from proto.codec import (
     api_reply_decoder,
     command_decoder,
@@ -34,6 +35,7 @@ from proto.codec import (
     heartbeat_decoder,
     job_decoder,
     node_beat_decoder,
+    node_control_decoder,
     progress_decoder,
     submit_decoder,
 )
@@ -201,6 +203,13 @@ class World:
         leader.registry, leader.jobs, leader.publish = self.registry, self.jobs, publish
         leader.alert = lambda event: None  # attributes a real construction sets
         leader.decisions, leader.clock = None, self.jobs.clock
+
+        async def evacuate(node: str, why: str) -> None:
+            pass
+
+        leader.keeper = NodeKeeper(
+            self.registry, MemoryCasStore(), publish, evacuate, self.jobs.clock
+        )
         self.leader = leader
         job = JobRecord(
             id="fuzz-000001",
@@ -290,33 +299,50 @@ def test_leader_on_progress(data: bytes, ours: bool) -> None:
 
 
 def _request(verb: str) -> st.SearchStrategy[bytes]:
-    good: Any = (
-        builtins(SubmitJob(spec=SPEC, workdir="/w", source="f.toml"))
-        if verb == "submit"
-        else builtins(JobControl(job="fuzz-000001", action="pause"))
-    )
-    return raw_or_structured(good, ("pause", "resume", "checkpoint", "stop"))
+    good: Any = {
+        "submit": lambda: builtins(SubmitJob(spec=SPEC, workdir="/w", source="f.toml")),
+        "control": lambda: builtins(JobControl(job="fuzz-000001", action="pause")),
+        "node": lambda: builtins(NodeControl(node="node-0", action="drain", reason="r")),
+    }[verb]()
+    tags = ("cordon", "drain", "undrain") if verb == "node" else ("pause", "resume", "stop")
+    return raw_or_structured(good, tags)
 
 
-@pytest.mark.parametrize("verb", ["submit", "control"])
+def _handler(world: World, verb: str) -> Any:
+    return {
+        "submit": world.leader._on_submit,
+        "control": world.leader._on_control,
+        "node": world.leader._on_node,
+    }[verb]
+
+
+GOOD: dict[str, Any] = {
+    "submit": lambda world: SubmitJob(spec=SPEC),
+    "control": lambda world: JobControl(job=world.job.id, action="stop"),
+    "node": lambda world: NodeControl(node="node-1", action="drain", reason="disk swap"),
+}
+DECODERS = {
+    "submit": submit_decoder.decode,
+    "control": control_decoder.decode,
+    "node": node_control_decoder.decode,
+}
+
+
+@pytest.mark.parametrize("verb", ["submit", "control", "node"])
 def test_a_good_request_is_answered_ok(verb: str) -> None:
     world = World()
-    good = SubmitJob(spec=SPEC) if verb == "submit" else JobControl(job=world.job.id, action="stop")
-    msg = FakeMsg(encode(good))
-    handler = world.leader._on_submit if verb == "submit" else world.leader._on_control
-    asyncio.run(handler(msg))  # type: ignore[arg-type]
+    msg = FakeMsg(encode(GOOD[verb](world)))
+    asyncio.run(_handler(world, verb)(msg))
     reply = api_reply_decoder.decode(msg.replies[0])
     assert reply.ok, reply.error
 
 
 def _check_answer(verb: str, data: bytes) -> None:
     world = World()
-    decode = submit_decoder.decode if verb == "submit" else control_decoder.decode
-    valid = decoded(decode, data) is not None
+    valid = decoded(DECODERS[verb], data) is not None
     before = world.snapshot()
     msg = FakeMsg(data)
-    handler = world.leader._on_submit if verb == "submit" else world.leader._on_control
-    asyncio.run(handler(msg))  # type: ignore[arg-type]
+    asyncio.run(_handler(world, verb)(msg))
     assert len(msg.replies) == 1, "every request gets exactly one reply"
     reply: ApiReply = api_reply_decoder.decode(msg.replies[0])
     assert reply.coordinator == "c-0"
@@ -326,7 +352,7 @@ def _check_answer(verb: str, data: bytes) -> None:
         assert one_line(reply.error), repr(reply.error)
         if not valid:
             assert reply.error.startswith(f"invalid {verb} request: ")
-            assert world.snapshot()[:2] == before[:2], "a malformed request changed a job"
+            assert world.snapshot()[:3] == before[:3], "a malformed request changed state"
 
 
 @given(_request("submit"))
@@ -339,6 +365,12 @@ def test_leader_answers_submit(data: bytes) -> None:
 @counted
 def test_leader_answers_control(data: bytes) -> None:
     _check_answer("control", data)
+
+
+@given(_request("node"))
+@counted
+def test_leader_answers_node(data: bytes) -> None:
+    _check_answer("node", data)
 
 
 def test_registered_event_is_ignored_for_unknown_node() -> None:

@@ -25,7 +25,7 @@ from nodeagent.config import ClockSettings
 from nodeagent.detectors.clock import ClockDriftDetector
 from nodeagent.sim.node import SimulatedNode
 from proto.conditions import ConditionKind, Severity, condition_key
-from proto.events import ClockDrift
+from proto.events import ClockDrift, ClockResynced, ClockResyncFailed, kind_of
 from ringmaster.clock import ManualClock
 from ringmaster.clock_responder import serve
 from ringmaster.procs import wait_until_async
@@ -203,14 +203,26 @@ def test_resync_runs_the_step_command_and_measures_again(tmp_path: Path) -> None
     clock = collector(skew_file=skew, step_command=["rm", "-f", str(skew)])
     clock.collect(0.0)
     done = asyncio.run(clock.resync())
-    assert (done.ok, done.offset_before_ms, done.offset_after_ms) == (True, 25.0, 0.0)
+    assert isinstance(done, ClockResynced)
+    assert (done.offset_before_ms, done.offset_after_ms) == (25.0, 0.0)
     assert done.severity == "info" and done.message == "clock resync done: +25.00 ms → +0.00 ms"
     failing = collector(step_command=["false"])
     result = asyncio.run(failing.resync())
-    assert not result.ok and result.severity == "warning"
+    assert isinstance(result, ClockResyncFailed) and result.severity == "warning"
     assert result.message == "clock resync failed: n/a → n/a (false exited with 1: )"
+    assert result.reason == "false exited with 1: "
+
+
+def test_a_resync_that_cannot_run_is_a_failure_never_a_resync(tmp_path: Path) -> None:
+    """Seen on nodes without chrony: the step command is not installed. The event's kind
+    says what its message says."""
+    missing = collector(step_command=["chronyc-not-installed", "makestep"])
+    result = asyncio.run(missing.resync())
+    assert isinstance(result, ClockResyncFailed), result
+    assert kind_of(result) == "clock.resync_failed" and "chronyc-not-installed" in result.reason
     unset = collector(step_command=[])
-    assert "no step command configured" in asyncio.run(unset.resync()).message
+    assert isinstance(unset_result := asyncio.run(unset.resync()), ClockResyncFailed)
+    assert "no step command configured" in unset_result.message
 
 
 def drift(detector: ClockDriftDetector, readings: list[tuple[float | None, bool]]) -> list[Any]:

@@ -1,6 +1,7 @@
 """The peer probe over real sockets: a peer whose listener goes away opens ``net.peer``
 after the confirming probes, its return closes it, and a peer no job has any more
-closes what was open."""
+closes what was open; a peer that refuses for less than an agent restart's grace says
+nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent import peer_probe
 from nodeagent.peer_probe import PeerProber, ProbeListener, listen, reach
 from proto.conditions import ConditionKind, Severity
 from proto.events import EventBase, NetPeer
@@ -44,7 +46,8 @@ async def test_an_unreachable_peer_opens_net_peer_once_and_its_return_closes_it(
     async def emit(event: EventBase) -> None:
         emitted.append(event)
 
-    prober = PeerProber("node-0", lambda: peers, emit, timeout_s=1.0, confirm=2)
+    # no restart grace: a refusing listener counts at once (the grace has its own test)
+    prober = PeerProber("node-0", lambda: peers, emit, timeout_s=1.0, confirm=2, restart_grace_s=0)
     assert await prober.probe_once(1.0) == []  # reachable: nothing to say
     await listener.close()
     assert await prober.probe_once(2.0) == []  # one failure is not yet evidence
@@ -72,7 +75,7 @@ async def test_a_peer_no_job_has_any_more_closes_its_open_condition() -> None:
     async def emit(event: EventBase) -> None:
         pass
 
-    prober = PeerProber("node-0", lambda: peers, emit, confirm=1)
+    prober = PeerProber("node-0", lambda: peers, emit, confirm=1, restart_grace_s=0)
     [lost] = await prober.probe_once(1.0)
     assert isinstance(lost, NetPeer) and not lost.reachable
     peers.clear()  # the job ended, or moved off this node
@@ -96,3 +99,50 @@ async def test_a_restarted_agent_listens_on_its_old_port_where_it_is_free(tmp_pa
     record.write_text("garbage")
     fresh, _ = await listen("127.0.0.1", 0, record)
     await fresh.close()
+
+
+async def test_a_peer_refusing_within_an_agent_restart_says_nothing() -> None:
+    """Its agent restarted by systemd: the machine refuses the probes until the agent
+    listens on its port again, inside the grace; nothing is published. Refusals that
+    outlast the grace count (a firewall that rejects, an agent that stays down)."""
+    listener = ProbeListener("127.0.0.1")
+    port = await listener.start()
+    peers = {"node-1": f"127.0.0.1:{port}"}
+    emitted: list[EventBase] = []
+
+    async def emit(event: EventBase) -> None:
+        emitted.append(event)
+
+    prober = PeerProber("node-0", lambda: peers, emit, confirm=2, restart_grace_s=15.0)
+    assert await prober.probe_once(0.0) == []
+    await listener.close()  # the agent stops; systemd starts it again
+    for t in (2.0, 4.0, 6.0, 8.0):
+        assert await prober.probe_once(t) == []
+    back = ProbeListener("127.0.0.1", port)
+    await back.start()
+    try:
+        assert await prober.probe_once(10.0) == []  # back on its port: never a fault
+    finally:
+        await back.close()
+    for t in (20.0, 30.0, 35.0):  # refused again from 20 s: its own grace starts there
+        assert await prober.probe_once(t) == []  # 35 s: the first failure of two
+    [lost] = await prober.probe_once(37.0)
+    assert not lost.reachable and "Connection refused for 17 s" in lost.error, lost.error
+    assert emitted == [lost]
+
+
+async def test_a_peer_that_does_not_answer_counts_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blackhole route or a dropped path is no agent restart: the grace is not waited."""
+
+    async def blackhole(addr: str, timeout_s: float) -> str:
+        return "Invalid argument"
+
+    monkeypatch.setattr(peer_probe, "reach", blackhole)
+
+    async def emit(event: EventBase) -> None:
+        pass
+
+    prober = PeerProber("node-0", lambda: {"node-1": "198.18.1.4:9"}, emit, confirm=2)
+    assert await prober.probe_once(1.0) == []
+    [lost] = await prober.probe_once(2.0)
+    assert not lost.reachable and lost.error == "Invalid argument", lost.error

@@ -98,7 +98,7 @@ RECOVERED: list[Any] = [
     kind("gpu.thermal", gpu=1, level="normal"),
     kind("pcie.degraded", gpu=2, recovered=True),
     kind("topology.degraded", gpu_a=0, gpu_b=1, recovered=True),
-    kind("clock.resynced", ok=True),
+    kind("clock.resynced"),
     kind("clock.drift", recovered=True),
 ]
 

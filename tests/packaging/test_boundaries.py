@@ -280,7 +280,15 @@ def test_relative_imports_resolve_against_the_package(tmp_path: Path) -> None:
 # clock the I/O shell holds (``ringmaster.clock``): none of them reads a clock itself.
 PURE = (
     *("alerts", "exclusion", "goodput", "hang_verdict", "job_machine", "loss_verdict"),
-    *("network_culprit", "policy", "progress_policy", "reconcile", "registry"),
+    *(
+        "network_culprit",
+        "node_life",
+        "node_view",
+        "policy",
+        "progress_policy",
+        "reconcile",
+        "registry",
+    ),
 )
 CLOCKS = ("time", "ringmaster.clock")
 CLOCK_CALLS = ("now", "utcnow", "today")  # datetime's and date's readings of the clock

@@ -103,3 +103,37 @@ def test_a_requeue_slurm_already_made_is_said_as_such_and_a_refused_one_warned(
         "warning: Slurm job 42 not requeued: scontrol requeue 42: Requested operation is "
         "presently disabled for job 42; exit 75 (requeue me)"
     )
+
+
+@pytest.mark.parametrize(
+    ("signal", "fields", "expected"),
+    [
+        # as slurm-wlm 22.05 showed them at the moment the batch step got its signal
+        ("SIGUSR1", {"JobState": "RUNNING", "Reason": "None"}, slurm.END),
+        ("SIGTERM", {"JobState": "COMPLETING", "Reason": "None", "Restarts": "0"}, slurm.CANCEL),
+        ("SIGTERM", {"JobState": "CANCELLED", "Reason": "None", "Restarts": "0"}, slurm.CANCEL),
+        ("SIGTERM", {"JobState": "COMPLETING", "Reason": "TimeLimit"}, slurm.END),
+        ("SIGTERM", {"JobState": "TIMEOUT", "Reason": "None"}, slurm.END),
+        ("SIGTERM", {"JobState": "COMPLETING", "Reason": "None", "Restarts": "1"}, slurm.END),
+        ("SIGTERM", {"JobState": "PREEMPTED", "Reason": "None", "Restarts": "0"}, slurm.END),
+        ("SIGTERM", {"JobState": "COMPLETING", "PreemptTime": "2026-12-07T18:16:35"}, slurm.END),
+        ("SIGTERM", {"JobState": "RUNNING", "Reason": "None", "Restarts": "0"}, slurm.END),
+        ("SIGTERM", {}, slurm.END),  # Slurm did not answer: the allocation ends, as before
+    ],
+)
+def test_slurms_record_tells_a_cancel_from_an_end(
+    signal: str, fields: dict[str, str], expected: str
+) -> None:
+    kind, why = slurm.ending(signal, fields, run_restarts=0)
+    assert kind == expected and why.startswith(f"Slurm sent {signal}: "), why
+    if kind == slurm.CANCEL:
+        assert why == "Slurm sent SIGTERM: the job was cancelled (scancel)"
+
+
+def test_a_job_is_read_in_one_call(scontrol: Path) -> None:
+    (scontrol / "scontrol").write_text(
+        "#!/bin/sh\necho 'JobId=42 JobName=x JobState=COMPLETING Reason=None Restarts=0'\n"
+    )
+    fields = slurm.job_fields("42")
+    assert (fields["JobState"], fields["Reason"], fields["Restarts"]) == ("COMPLETING", "None", "0")
+    assert slurm.restarts("42") == 0
