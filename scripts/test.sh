@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed, then runs the one quality gate: format, lint, types, tests.
 #   ./scripts/test.sh [PYTEST ARGS]         everything (what CI runs)
-#   ./scripts/test.sh --fast [PYTEST ARGS]  the edit loop: every test but the end-to-end,
-#                                           boot and Slurm scenarios (tests/e2e, tests/boot)
+#   ./scripts/test.sh --fast [PYTEST ARGS]  the edit loop: every test but the scenarios
+#                                           (end-to-end, boot, Slurm, and the runs of real
+#                                           ranks: the tests marked slow)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fast=()
 if [[ ${1:-} == --fast ]]; then
     shift
-    fast=(--ignore=tests/e2e --ignore=tests/boot)
+    fast=(-m "not slow" --ignore=tests/e2e --ignore=tests/boot)
 fi
 ./scripts/bootstrap.sh
 .venv/bin/ruff format --check .
