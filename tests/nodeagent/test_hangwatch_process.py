@@ -77,6 +77,15 @@ RANK = textwrap.dedent(
                 with beat.during("checkpoint"):
                     time.sleep(4)
 
+    # every rank starts training together, as ranks past a rendezvous do: one started
+    # late on a loaded machine would otherwise still be training while its peers stall
+    ready = os.path.join(os.environ["RINGMASTER_WORKDIR"], f"ready-{rank}")
+    open(ready, "w").close()
+    world = int(os.environ["RANKS"])
+    while not all(
+        os.path.exists(os.path.join(os.path.dirname(ready), f"ready-{r}")) for r in range(world)
+    ):
+        time.sleep(0.01)
     train_forever(float(os.environ.get("FIRST_STEP_S", "0.05")))
     """
 )
@@ -124,7 +133,7 @@ class Harness:
             ranks=[RankSpec(rank=r, local_rank=r) for r in range(ranks)],
             spec=spec,
             argv=[str(script)],
-            env={"PYTHONPATH": str(REPO), "FAKE_C10D": str(fake), **env},
+            env={"PYTHONPATH": str(REPO), "FAKE_C10D": str(fake), "RANKS": str(ranks), **env},
             workdir=str(self.tmp),
         )
         pids = await self.supervisor.launch(cmd)
