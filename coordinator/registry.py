@@ -52,6 +52,9 @@ class NodeInfo:
     # received after it clears it
     suspect_at: float | None = None
     ranks: tuple[RankReport, ...] = ()  # the agent's, as of its newest beat
+    # per job, the attempt whose launch the agent had carried out when it built its newest
+    # beat (None: it does not say); see coordinator.reconcile.knows_launch
+    launched: dict[str, int] | None = None
     # counts the changes of what ``ranks`` says of each rank but its step (which rank of
     # which attempt, its pid, alive or how it exited): equal, and a reconciliation's
     # findings about this node are what they were
@@ -166,6 +169,7 @@ class Registry:
         self._shortest_interval = min(self._shortest_interval, beat.interval_s)
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
+        node.launched = beat.launched
         key = tuple(
             (r.job, r.rank, r.attempt, r.pid, r.alive, r.exit_code, r.signal) for r in beat.ranks
         )
