@@ -238,25 +238,23 @@ def _where(frame: str, repo: Path) -> str:
 
 def summarize_cprofile(path: Path, top: int = 25) -> list[str]:
     """The functions with the most time of their own, and the coordinator's and nats-py's
-    with the most inclusive time, from a cProfile dump (cProfile slows the coordinator
-    itself: shares, not times, are what it says)."""
+    with the most inclusive time, as shares of the process's busy time (its waits in
+    epoll left out), from a cProfile dump of its whole life. cProfile slows the
+    coordinator itself: shares, not times, are what it says."""
     stats: dict[Any, Any] = vars(pstats.Stats(str(path)))["stats"]
-    total = sum(tt for _, _, tt, _, _ in stats.values()) or 1e-9
-    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
-    lines = [f"  {total:.1f} s profiled; self %  inclusive %  calls  function"]
-    for (file, line, name), (_, calls, tt, ct, _) in rows:
-        where = _short(file)
+    idle = sum(v[2] for (_, _, name), v in stats.items() if "select.epoll" in name)
+    busy = sum(tt for _, _, tt, _, _ in stats.values()) - idle or 1e-9
+    rows = [kv for kv in stats.items() if "select.epoll" not in kv[0][2]]
+    lines = [f"  {busy:.1f} s busy; self %  inclusive %  calls  function"]
+    for (file, line, name), (_, calls, tt, ct, _) in sorted(rows, key=lambda kv: -kv[1][2])[:top]:
         lines.append(
-            f"  {100 * tt / total:6.1f} {100 * ct / total:11.1f} {calls:>9,}  {name} {where}:{line}"
+            f"  {100 * tt / busy:6.1f} {100 * ct / busy:11.1f} {calls:>9,}  {name} "
+            f"{_short(file)}:{line}"
         )
     lines.append("  -- inclusive, the coordinator's and nats-py's:")
-    ours = [
-        kv
-        for kv in stats.items()
-        if any(p in kv[0][0] for p in ("/coordinator/", "/nats/", "/proto/"))
-    ]
+    ours = [kv for kv in rows if any(p in kv[0][0] for p in ("/coordinator/", "/nats/", "/proto/"))]
     for (file, line, name), (_, calls, _, ct, _) in sorted(ours, key=lambda kv: -kv[1][3])[:top]:
-        lines.append(f"  {'':6} {100 * ct / total:11.1f} {calls:>9,}  {name} {_short(file)}:{line}")
+        lines.append(f"  {'':6} {100 * ct / busy:11.1f} {calls:>9,}  {name} {_short(file)}:{line}")
     return lines
 
 
