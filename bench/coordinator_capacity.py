@@ -29,10 +29,11 @@ p99 ≤ 50 ms whenever a core is spare. Then the absolute figures: the coordinat
 one core (and this machine's 60 % target), RSS, nats-server's and the publishers' CPU,
 the machine's busy share, a silenced node found within 5 s, leadership held.
 
-**Valid or not.** A run whose publishers did not keep the schedule (under 98 % of N beats
-a second, or one of them more than 500 ms behind it), or whose floor decoded under 98 % of
-the beats, measured the machine rather than the coordinator: it is marked INVALID in the
-output and in the JSON (``valid``, ``invalid_because``), and gets no verdict.
+**Valid or not.** A run whose publishers did not keep the schedule over the window (under
+98 % of N beats a second, or one of them more than 500 ms behind it), or whose floor
+decoded under 98 % of the beats, measured the machine rather than the coordinator: it is
+marked INVALID in the output and in the JSON (``valid``, ``invalid_because``), and gets no
+verdict.
 
 Exit code: 0 every size ran and is valid; 3 a size's run is INVALID (its figures are
 printed, not to be quoted as the coordinator's); 1 a size failed to run; 2 bad usage.
@@ -250,6 +251,7 @@ class Sample:
     """Readings at one moment of the window."""
 
     t: float
+    wall: float
     coord_cpu: float
     nats_cpu: float
     pub_cpu: float  # all the publishers'
@@ -263,6 +265,7 @@ class Sample:
     def take(cls, coord: int, server: int, pubs: list[int], floor: int, load: Load) -> Sample:
         return cls(
             t=time.monotonic(),
+            wall=time.time(),
             coord_cpu=cpu_seconds(coord),
             nats_cpu=cpu_seconds(server),
             pub_cpu=sum(cpu_seconds(p) for p in pubs),
@@ -371,10 +374,16 @@ class Load:
             proc.stdin.write(line)
             await proc.stdin.drain()
 
-    def late_ms_max(self) -> float:
-        """The worst lateness any publisher reported (its first lines are the start's)."""
+    def late_ms_max(self, since: float, until: float) -> float:
+        """The worst lateness any publisher reported for the seconds between two wall
+        times (each line tells of the second before it)."""
         return max(
-            (float(line["late_ms"]) for v in self.publishers for line in v.lines[2:]),
+            (
+                float(line["late_ms"])
+                for v in self.publishers
+                for line in v.lines[2:]
+                if since < line["t"] <= until + 1.0
+            ),
             default=0.0,
         )
 
@@ -708,7 +717,7 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
             ratio_to_floor=coordinator_us / max(floor_us, 1e-9),
             publisher_us_per_beat=per_beat_us(first, last, "pub_cpu", rate),
             beat_bytes=load.beat_bytes,
-            publisher_late_ms_max=load.late_ms_max(),
+            publisher_late_ms_max=load.late_ms_max(first.wall, last.wall),
             events_sent=k,
             decisions=len(lats),
             missing=len(undecided["lost"]),
