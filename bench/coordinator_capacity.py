@@ -1,32 +1,47 @@
 """Coordinator capacity: one real coordinator under 1 Hz heartbeats from N simulated nodes,
-measured for CPU, memory and event → decision latency (not a test).
+measured for CPU, memory and event → decision latency, and against a floor consumer of the
+same beats (not a test).
 
     .venv/bin/python bench/coordinator_capacity.py [--nodes 1000 10000] [--seconds 60]
-        [--warmup 10] [--event-rate 2] [--profile] [--json OUT.json]
+        [--warmup 10] [--event-rate 2] [--publishers 2] [--profile] [--json OUT.json]
 
-For each size the script starts a fresh nats-server (``start_nats_server``) and one
-coordinator process (``python -m coordinator.cli --cluster bench --id c0``). A separate
-publisher process (this script with ``--publisher N``) sends a ``proto.node.Heartbeat``
-with realistic telemetry (2–4 NVMe latencies, 8 GPU samples, 9 collector statuses) for
-every node every second, spread over 100 slots of 10 ms, and reports how many it really
-sent and how far behind its schedule it fell.
+For each size the script starts a fresh nats-server (``start_nats_server``), one
+coordinator process (``python -m coordinator.cli --cluster bench --id c0``), the floor
+consumer and ``--publishers`` publisher processes that send every node's heartbeat once a
+second (``bench/capacity_load.py`` describes both); each publisher reports how many beats
+it sent and how far behind its schedule it fell.
 
 This process plays the node agent of every node (it answers ``cmd.*`` like
-``nodeagent.commands``: ok, ReservePort → 12345), submits a two-node job, sends rank 0's
-first ``StepDone`` through JetStream so the job is running, then, for ``--seconds``,
-publishes with JetStream ``nvme.latency_spike`` / ``nvme.latency_recovered`` alternately
-for the job's master node (a fresh device per pair, so each spike opens the only pause
-reason and its recovery closes it). Decision latency runs from just before ``js.publish``
-to the moment the fake agent receives the resulting Pause / Resume command.
+``nodeagent.commands``: ok, ReservePort → 12345; a launch's ranks reach that node's beats
+together with the attempt, which names them as launched, as a real agent's beats do once it
+has carried the launch out), submits a two-node job, sends rank 0's first ``StepDone``
+through JetStream so the job is running, then, for ``--seconds``, publishes with JetStream
+``nvme.latency_spike`` / ``nvme.latency_recovered`` alternately for the job's master node
+(a fresh device per pair, so each spike opens the only pause reason and its recovery
+closes it). Decision latency runs from just before ``js.publish`` to the moment the fake
+agent receives the resulting Pause / Resume command.
 
-Coordinator CPU is utime+stime from ``/proc/<pid>/stat`` over the window, as % of one core;
-RSS is ``VmRSS``. nats-server's and the publisher's CPU and the whole machine's busy share
-are reported beside it, because on a small machine they compete for the same cores.
-``--profile`` additionally samples the coordinator with py-spy during the window (it costs
-the coordinator a little) and prints its hottest functions.
+**What it leads with**, because it holds on any machine: the coordinator's CPU per beat
+divided by the floor's (utime+stime from ``/proc/<pid>/stat`` of each process over the
+same window, each divided by the beats it took), and decision latency with whether the
+machine had a whole core idle meanwhile. Targets: within 3× the floor at 25,000 nodes,
+p99 ≤ 50 ms whenever a core is spare. Then the absolute figures: the coordinator's % of
+one core (and this machine's 60 % target), RSS, nats-server's and the publishers' CPU,
+the machine's busy share, a silenced node found within 5 s, leadership held.
 
-Targets: the coordinator under 60 % of one core (``CPU_TARGET_PCT``) at 25,000 nodes, decision
-p99 ≤ 50 ms, every event decided or held by policy, a silenced node lost within 5 s.
+**Valid or not.** A run whose publishers did not keep the schedule over the window (under
+98 % of N beats a second, or one of them more than 500 ms behind it), or whose floor
+decoded under 98 % of the beats, measured the machine rather than the coordinator: it is
+marked INVALID in the output and in the JSON (``valid``, ``invalid_because``), and gets no
+verdict.
+
+Exit code: 0 every size ran and is valid; 3 a size's run is INVALID (its figures are
+printed, not to be quoted as the coordinator's); 1 a size failed to run; 2 bad usage.
+Targets missed are printed as FAIL and leave the exit code alone.
+
+``--profile`` samples the coordinator with py-spy during the window where py-spy is
+installed, else runs it under cProfile (which slows it: read shares, not times), and
+prints its hottest functions.
 """
 
 from __future__ import annotations
@@ -37,7 +52,6 @@ import contextlib
 import itertools
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -46,6 +60,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +70,17 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.capacity_load import AgentSays, node_name
+from bench.capacity_report import (
+    exit_code,
+    invalid_because,
+    report,
+    summarize_cprofile,
+    summarize_pyspy,
+    verdict,
+)
 from coordinator.embedded_nats import NatsServer, start_nats_server
 from proto import subjects
 from proto.api import SubmitJob
@@ -63,29 +89,17 @@ from proto.commands import CommandReply, Launch, Pause, ReservePort, Resume
 from proto.conditions import Condition, ConditionKind, condition_key
 from proto.events import NvmeLatencyRecovered, NvmeLatencySpike, Severity
 from proto.job import JobRecord, JobSection, JobSpec, JobState
-from proto.node import CollectorStatus, GpuSample, Heartbeat, RankReport, Telemetry
+from proto.node import RankReport
 from proto.progress import StepDone
 from ringmaster.bus import event_subject
 
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parents[1]
 COORDINATOR = [sys.executable, "-m", "coordinator.cli"]
+LOAD = [sys.executable, "-m", "bench.capacity_load"]
 CLUSTER = "bench"
-SLOTS = 100  # publisher slots per second
-COLLECTORS = (
-    "clock",
-    "clock_peer",
-    "gpu",
-    "gpu_topology",
-    "nvme",
-    "nvme_smart",
-    "nvme_udev",
-    "preemption",
-    "preflight",
-)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MASTER_PORT = 12345
-CPU_TARGET_PCT = 60.0  # of one core, at every size up to 25,000 nodes
 
 
 # -- /proc readings -------------------------------------------------------------------
@@ -113,167 +127,58 @@ def machine_busy() -> tuple[float, float]:
     return total - idle, total
 
 
+def loadavg() -> str:
+    """The load averages and run queue as the kernel has them (``/proc/loadavg``)."""
+    return Path("/proc/loadavg").read_text().strip()
+
+
 def pct(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
 
 
-# -- the publisher process ------------------------------------------------------------
-
-
-def node_name(i: int, n: int) -> str:
-    return f"sim-{i:0{max(5, len(str(n - 1)))}d}"
-
-
-def make_beat(i: int, n: int, rng: random.Random) -> Heartbeat:
-    devices = [f"nvme{d}n1" for d in range(2 + i % 3)]
-    return Heartbeat(
-        node=node_name(i, n),
-        seq=0,
-        sent_at=0.0,
-        addr=f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}",
-        hostname=f"gpu-host-{i:05d}.bench.internal",
-        gpus=8,
-        cpus=96,
-        simulated=True,
-        interval_s=1.0,
-        telemetry=Telemetry(
-            nvme_latency_us={d: round(20 + 5 * rng.random(), 1) for d in devices},
-            gpus=[
-                GpuSample(
-                    index=g,
-                    temp_c=round(50 + 20 * rng.random(), 1),
-                    util_pct=round(100 * rng.random(), 1),
-                    mem_used_mb=round(60000 + 20000 * rng.random(), 0),
-                )
-                for g in range(8)
-            ],
-            clock_offset_ms=round(rng.random(), 3),
-        ),
-        collectors=[
-            CollectorStatus(name=c, ok=True, duration_s=round(0.01 * rng.random(), 4))
-            for c in COLLECTORS
-        ],
-    )
-
-
-class AgentSays(msgspec.Struct):
-    """The part of a node's beats that follows what happens to it during the run."""
-
-    ranks: list[RankReport] = msgspec.field(default_factory=list)
-    jobs: list[str] = msgspec.field(default_factory=list)
-    conditions: list[Condition] = msgspec.field(default_factory=list)
-
-
-def refresh(beat: Heartbeat, rng: random.Random, now: float) -> None:
-    """New sequence, send time and samples, the way an agent's next beat differs."""
-    beat.seq += 1
-    beat.sent_at = now
-    tel = beat.telemetry
-    for dev in tel.nvme_latency_us:
-        tel.nvme_latency_us[dev] = round(20 + 5 * rng.random(), 1)
-    for gpu in tel.gpus:
-        gpu.temp_c = round(50 + 20 * rng.random(), 1)
-        gpu.util_pct = round(100 * rng.random(), 1)
-    tel.clock_offset_ms = round(rng.random(), 3)
-
-
-async def publisher(url: str, cluster: str, n: int) -> None:
-    """Heartbeats for n nodes at 1 Hz each, spread evenly over the second, until SIGTERM.
-
-    Prints a ready line, waits for a line on stdin, sends one beat of every node at once
-    (agents that were already running when the coordinator started), then keeps the even
-    schedule. One JSON line a second on stdout: cumulative beats sent, worst lateness."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    rng = random.Random(7)
-    beats = [make_beat(i, n, rng) for i in range(n)]
-    subs = [subjects.heartbeat(cluster, b.node) for b in beats]
-    size = len(encode(beats[-1]))
-    nc = await nats.connect(url, name="bench-publisher", max_reconnect_attempts=-1)
-    ranges = [(n * s // SLOTS, n * (s + 1) // SLOTS) for s in range(SLOTS)]
-    sent, late_max, k = 0, 0.0, 0
-    print(json.dumps({"t": time.time(), "sent": 0, "late_ms": 0.0, "bytes": size}), flush=True)
-    await loop.run_in_executor(None, sys.stdin.readline)
-    start = time.monotonic() + 1.0
-    wall = time.time()
-    for i, beat in enumerate(beats):
-        refresh(beat, rng, wall)
-        await nc.publish(subs[i], encode(beat))
-    await nc.flush(timeout=30)
-    sent = n
-    muted: set[int] = set()
-
-    async def commands() -> None:
-        # "mute I": node I stops beating (a dead agent), for the node-lost probe.
-        # "set I {json}": what node I's agent reports from now on (the ranks it runs, its
-        # open conditions), as a real agent's every beat does
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            if line.startswith("mute "):
-                muted.add(int(line.split()[1]))
-            elif line.startswith("set "):
-                _, index, payload = line.split(" ", 2)
-                said = msgspec.json.decode(payload, type=AgentSays)
-                beat = beats[int(index)]
-                beat.ranks, beat.jobs, beat.conditions = said.ranks, said.jobs, said.conditions
-
-    listener = asyncio.create_task(commands())
-    print(json.dumps({"t": time.time(), "sent": sent, "late_ms": 0.0, "burst": True}), flush=True)
-    while not stop.is_set():
-        due = start + k / SLOTS
-        now = time.monotonic()
-        if due > now:
-            await asyncio.sleep(due - now)
-        else:
-            late_max = max(late_max, now - due)
-        lo, hi = ranges[k % SLOTS]
-        wall = time.time()
-        for i in range(lo, hi):
-            if i in muted:
-                continue
-            beat = beats[i]
-            refresh(beat, rng, wall)
-            await nc.publish(subs[i], encode(beat))
-            sent += 1
-        k += 1
-        if k % SLOTS == 0:
-            line = {"t": time.time(), "sent": sent, "late_ms": round(late_max * 1000, 1)}
-            print(json.dumps(line), flush=True)
-            late_max = 0.0
-    listener.cancel()
-    await nc.flush(timeout=5)
-    await nc.close()
-
-
 # -- the measuring side ---------------------------------------------------------------
 
 
 @dataclass
-class PublisherView:
-    """What the publisher said about itself, line by line."""
+class LoadView:
+    """What one load process (a publisher, or the floor) said about itself, line by line."""
 
     lines: list[dict[str, Any]] = field(default_factory=list)
     beat_bytes: int = 0
 
-    def latest(self) -> dict[str, Any]:
-        return self.lines[-1] if self.lines else {"t": time.time(), "sent": 0, "late_ms": 0.0}
+    def count(self) -> tuple[int, float]:
+        """Beats sent (or decoded) so far, and the process's own time of that count."""
+        last = self.lines[-1] if self.lines else {"t": time.time()}
+        return int(last.get("sent", last.get("got", 0))), float(last["t"])
 
 
 @dataclass
 class FakeAgents:
     """Answers every node's commands like ``nodeagent.commands`` would, and times the
-    Pause/Resume commands that the measured events cause."""
+    Pause/Resume commands that the measured events cause. What a node's agent reports in
+    its beats (its ranks, the launches it carried out, its open conditions) is kept here
+    and handed to its publisher by ``tell``: a launch's ranks and its attempt together,
+    before the launch is answered, as an agent's own table has them."""
 
     job: str = ""
-    launched: set[str] = field(default_factory=set)
+    launched: dict[str, dict[str, int]] = field(default_factory=dict)  # node → job → attempt
     ranks: dict[str, list[RankReport]] = field(default_factory=dict)  # by node
+    conditions: dict[str, dict[str, Condition]] = field(default_factory=dict)  # node → open
+    tell: Callable[[str], Awaitable[None]] | None = None  # a node's beats from now on
     pending: dict[tuple[str, str], float] = field(default_factory=dict)
     latencies: list[tuple[float, str, float]] = field(default_factory=list)  # (sent, kind, s)
     unmatched: int = 0
     commands: Counter[str] = field(default_factory=Counter)
+
+    def says(self, node: str) -> AgentSays:
+        return AgentSays(
+            ranks=self.ranks.get(node, []),
+            jobs=[self.job] if node in self.ranks else [],
+            conditions=list(self.conditions.get(node, {}).values()),
+            launched=self.launched.get(node, {}),
+        )
 
     async def on_command(self, msg: Msg) -> None:
         received = time.monotonic()
@@ -281,16 +186,20 @@ class FakeAgents:
         cmd = command_decoder.decode(msg.data)
         kind = str(type(cmd).__struct_config__.tag)
         self.commands[kind] += 1
-        reply = CommandReply(ok=True, node=node, epoch_seen=cmd.epoch)
+        reply = CommandReply(
+            ok=True, node=node, epoch_seen=cmd.epoch, sent_at=time.time(), started_at=1.0
+        )
         if isinstance(cmd, ReservePort):
             reply.port = MASTER_PORT
         elif isinstance(cmd, Launch):
             reply.pids = [100000 + r.rank for r in cmd.ranks]
-            self.launched.add(node)
             self.ranks[node] = [
                 RankReport(job=cmd.job, rank=r.rank, attempt=cmd.attempt, pid=pid, alive=True)
                 for r, pid in zip(cmd.ranks, reply.pids, strict=True)
             ]
+            self.launched.setdefault(node, {})[cmd.job] = cmd.attempt
+            if self.tell is not None:
+                await self.tell(node)
         elif isinstance(cmd, Pause | Resume) and cmd.job == self.job:
             # "NVMe <dev> on <node> at … µs" / "NVMe <dev> on <node> back to … µs"
             words = cmd.reason.split()
@@ -342,31 +251,43 @@ class Sample:
     """Readings at one moment of the window."""
 
     t: float
+    wall: float
     coord_cpu: float
     nats_cpu: float
-    pub_cpu: float
+    pub_cpu: float  # all the publishers'
+    floor_cpu: float
     self_cpu: float
     busy: tuple[float, float]
-    beats: int
-    beats_at: float  # the publisher's own time of that count
+    beats: tuple[tuple[int, float], ...]  # each publisher's count, on its own clock
+    floor: tuple[int, float]
 
     @classmethod
-    def take(cls, coord: int, server: int, pub: int, view: PublisherView) -> Sample:
+    def take(cls, coord: int, server: int, pubs: list[int], floor: int, load: Load) -> Sample:
         return cls(
             t=time.monotonic(),
+            wall=time.time(),
             coord_cpu=cpu_seconds(coord),
             nats_cpu=cpu_seconds(server),
-            pub_cpu=cpu_seconds(pub),
+            pub_cpu=sum(cpu_seconds(p) for p in pubs),
+            floor_cpu=cpu_seconds(floor),
             self_cpu=cpu_seconds(os.getpid()),
             busy=machine_busy(),
-            beats=int(view.latest()["sent"]),
-            beats_at=float(view.latest()["t"]),
+            beats=tuple(v.count() for v in load.publishers),
+            floor=load.floor.count(),
         )
 
 
+def _rate(a: tuple[int, float], b: tuple[int, float]) -> float:
+    return (b[0] - a[0]) / max(b[1] - a[1], 1e-9)
+
+
 def beat_rate(a: Sample, b: Sample) -> float:
-    """Heartbeats a second between two samples, on the publisher's own clock."""
-    return (b.beats - a.beats) / max(b.beats_at - a.beats_at, 1e-9)
+    """Heartbeats a second between two samples, each publisher on its own clock."""
+    return sum(_rate(x, y) for x, y in zip(a.beats, b.beats, strict=True))
+
+
+def floor_rate(a: Sample, b: Sample) -> float:
+    return _rate(a.floor, b.floor)
 
 
 def share(a: Sample, b: Sample, attr: str) -> float:
@@ -374,13 +295,111 @@ def share(a: Sample, b: Sample, attr: str) -> float:
     return 100.0 * (getattr(b, attr) - getattr(a, attr)) / max(b.t - a.t, 1e-9)
 
 
-async def read_publisher(stream: asyncio.StreamReader, view: PublisherView) -> None:
+def per_beat_us(a: Sample, b: Sample, attr: str, rate: float) -> float:
+    """CPU µs a beat between two samples, of beats taken at ``rate`` a second."""
+    return 1e6 * (getattr(b, attr) - getattr(a, attr)) / max(rate * (b.t - a.t), 1e-9)
+
+
+async def read_lines(stream: asyncio.StreamReader, view: LoadView) -> None:
     while line := await stream.readline():
         with contextlib.suppress(ValueError):
             data = json.loads(line)
             if "bytes" in data:
                 view.beat_bytes = int(data["bytes"])
             view.lines.append(data)
+
+
+@dataclass
+class Load:
+    """The publisher processes and the floor consumer, as started for one size."""
+
+    publishers: list[LoadView] = field(default_factory=list)
+    floor: LoadView = field(default_factory=LoadView)
+    procs: list[asyncio.subprocess.Process] = field(default_factory=list)  # floor last
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @classmethod
+    async def start(cls, url: str, n: int, parts: int) -> Load:
+        load = cls()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for argv, view in [
+            *[
+                (["--publisher", str(n), "--part", f"{k}/{parts}"], LoadView())
+                for k in range(parts)
+            ],
+            (["--floor"], load.floor),
+        ]:
+            proc = await asyncio.create_subprocess_exec(
+                *LOAD,
+                *argv,
+                "--nats",
+                url,
+                "--cluster",
+                CLUSTER,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                cwd=REPO,
+                env=env,
+            )
+            assert proc.stdout is not None
+            load.procs.append(proc)
+            load.readers.append(asyncio.create_task(read_lines(proc.stdout, view)))
+            if view is not load.floor:
+                load.publishers.append(view)
+        return load
+
+    @property
+    def publisher_pids(self) -> list[int]:
+        return [p.pid for p in self.procs[:-1]]
+
+    @property
+    def floor_pid(self) -> int:
+        return self.procs[-1].pid
+
+    @property
+    def beat_bytes(self) -> int:
+        return max((v.beat_bytes for v in self.publishers), default=0)
+
+    def ready(self) -> bool:
+        return all(v.beat_bytes > 0 for v in self.publishers) and bool(self.floor.lines)
+
+    def died(self) -> bool:
+        return any(r.done() for r in self.readers)
+
+    async def to(self, node: int | None, line: bytes) -> None:
+        """A line to the publisher of node index ``node`` (None: to every publisher)."""
+        parts = self.procs[:-1]
+        for proc in parts if node is None else [parts[node % len(parts)]]:
+            assert proc.stdin is not None
+            proc.stdin.write(line)
+            await proc.stdin.drain()
+
+    def late_ms_max(self, since: float, until: float) -> float:
+        """The worst lateness any publisher reported for the seconds between two wall
+        times (each line tells of the second before it)."""
+        return max(
+            (
+                float(line["late_ms"])
+                for v in self.publishers
+                for line in v.lines[2:]
+                if since < line["t"] <= until + 1.0
+            ),
+            default=0.0,
+        )
+
+    async def stop(self) -> None:
+        for proc in self.procs:
+            if proc.returncode is None:
+                if proc.stdin is not None:
+                    proc.stdin.close()  # ends a publisher's stdin reader thread
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
 
 
 async def wait_for(pred: Any, timeout: float, what: str, step: float = 0.05) -> float:
@@ -410,58 +429,16 @@ def grep_count(path: Path, *needles: str) -> int:
     return sum(text.count(n.lower()) for n in needles)
 
 
-def start_profiler(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+def start_pyspy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
     spy = Path(sys.executable).parent / "py-spy"
     if not spy.exists():
         found = shutil.which("py-spy")
         if not found:
-            print("  (--profile: py-spy not found; pip install py-spy)", file=sys.stderr)
             return None
         spy = Path(found)
     args = [str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds))]
     args += ["--rate", "100", "--format", "raw", "--nonblocking", "--output", str(out)]
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-
-
-def summarize_profile(path: Path, top: int = 18) -> list[str]:
-    """Self and inclusive sample shares per function from py-spy's collapsed stacks."""
-    own: Counter[str] = Counter()
-    incl: Counter[str] = Counter()
-    total = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        frames = [f.split(" (")[0] + " " + _where(f) for f in stack.split(";")]
-        own[frames[-1]] += n
-        # Inclusive time per function (its line numbers folded together).
-        for frame in {f.rsplit(":", 1)[0] + ")" for f in frames}:
-            incl[frame] += n
-    if not total:
-        return ["  (no samples)"]
-    lines = [f"  {total} samples; self %  inclusive %  function"]
-    for frame, n in own.most_common(top):
-        whole = incl[frame.rsplit(":", 1)[0] + ")"]
-        lines.append(f"  {100 * n / total:6.1f} {100 * whole / total:11.1f}   {frame}")
-    lines.append("  -- inclusive, top functions of the coordinator and nats-py:")
-    shown = 0
-    for frame, n in incl.most_common():
-        if any(f"({p}/" in frame or f"/{p}/" in frame for p in ("nats", "coordinator", "proto")):
-            lines.append(f"  {'':6} {100 * n / total:11.1f}   {frame}")
-            shown += 1
-            if shown >= top:
-                break
-    return lines
-
-
-def _where(frame: str) -> str:
-    inside = frame.split(" (", 1)[1].rstrip(")") if " (" in frame else ""
-    inside = inside.replace(str(REPO) + "/", "")
-    if "site-packages/" in inside:
-        inside = "site-packages/" + inside.split("site-packages/", 1)[1]
-    return f"({inside})"
 
 
 def spawn(argv: list[str], out: Any) -> subprocess.Popen[bytes]:
@@ -492,14 +469,15 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
     home = root / f"n{n}"
     home.mkdir(parents=True)
     print(f"[{n}] scratch {home}", file=sys.stderr)
+    load_at_start = loadavg()
     server: NatsServer = start_nats_server(home / "nats")
     coord_log = home / "coordinator.log"
     coord_out = coord_log.open("wb")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    result: dict[str, Any] = {"nodes": n, "seconds": args.seconds}
+    result: dict[str, Any] = {"nodes": n, "seconds": args.seconds, "load_at_start": load_at_start}
     nc: Client | None = None
-    pub: asyncio.subprocess.Process | None = None
+    load: Load | None = None
     coord: subprocess.Popen[bytes] | None = None
+    cprofile = home / "coordinator.cprofile"
     try:
         nc = await nats.connect(server.url, name="bench-capacity")
         leader_seen = asyncio.Event()
@@ -527,36 +505,30 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
         await nc.subscribe(subjects.command(CLUSTER, "*"), cb=agents.on_command)
         await nc.flush()
 
-        view = PublisherView()
-        pub = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(SCRIPT),
-            "--publisher",
-            str(n),
-            "--nats",
-            server.url,
-            "--cluster",
-            CLUSTER,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=REPO,
-            env=env,
-        )
-        assert pub.stdout is not None and pub.stdin is not None
-        reader = asyncio.create_task(read_publisher(pub.stdout, view))
-        await wait_for(lambda: view.beat_bytes > 0, 120, "publisher ready")
+        load = await Load.start(server.url, n, args.publishers)
+        await wait_for(load.ready, 120, "publishers and floor ready")
 
-        coord = spawn(
-            [*COORDINATOR, "--nats", server.url, "--cluster", CLUSTER, "--id", "c0"], coord_out
-        )
+        async def tell(node: str) -> None:
+            """Node ``node``'s beats from now on say what its agent does."""
+            assert load is not None
+            said = msgspec.json.encode(agents.says(node))
+            index = int(node.rsplit("-", 1)[1])
+            await load.to(index, f"set {index} ".encode() + said + b"\n")
+
+        agents.tell = tell
+        spy = shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()
+        under = ["-m", "cProfile", "-o", str(cprofile)] if args.profile and not spy else []
+        argv = [COORDINATOR[0], *under, *COORDINATOR[1:], "--nats", server.url]
+        coord = spawn([*argv, "--cluster", CLUSTER, "--id", "c0"], coord_out)
         await asyncio.wait_for(leader_seen.wait(), 30)
         js = nc.jetstream()
         jobs_kv = await js.key_value(subjects.bucket(CLUSTER, "jobs"))
         # Every node beats once at once, right after the coordinator's first node-record
         # pass (see ``TickerDied``), then once a second.
-        pub.stdin.write(b"go\n")
-        await pub.stdin.drain()
-        await wait_for(lambda: len(view.lines) >= 3, 60, "publisher's first second")
+        await load.to(None, b"go\n")
+        await wait_for(
+            lambda: all(len(v.lines) >= 3 for v in load.publishers), 60, "publishers' first second"
+        )
         nodes_stream = "KV_" + subjects.bucket(CLUSTER, "nodes")
 
         async def all_written() -> bool:
@@ -573,10 +545,10 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                 "(job ticks, node-lost sweeps and node records stop with it)"
             ) from exc
         result["all_node_records_s"] = took
-        print(f"[{n}] publisher running ({view.beat_bytes} B a beat); warm-up", file=sys.stderr)
+        print(f"[{n}] publishers running ({load.beat_bytes} B a beat); warm-up", file=sys.stderr)
         await asyncio.sleep(args.warmup)
-        if reader.done():
-            raise RuntimeError(f"publisher exited early ({pub.returncode})")
+        if load.died():
+            raise RuntimeError("a publisher or the floor exited early")
 
         # A running two-node job: submit, answer ReservePort/Launch, then rank 0's step 1.
         spec = JobSpec(job=JobSection(name="bench", nodes=2))
@@ -609,23 +581,6 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
         result["submit_to_launch_s"] = time.monotonic() - t0
         record = await job_record()
         master = record.nodes[0]
-        open_on_master: dict[str, Condition] = {}
-
-        async def agent_says(node: str) -> None:
-            """Node ``node``'s beats from now on report its ranks (alive) and its open
-            conditions, as a real agent's do: the coordinator reconciles against them."""
-            said = AgentSays(
-                ranks=agents.ranks.get(node, []),
-                jobs=[agents.job] if node in agents.ranks else [],
-                conditions=list(open_on_master.values()) if node == master else [],
-            )
-            assert pub is not None and pub.stdin is not None
-            index = int(node.rsplit("-", 1)[1])
-            pub.stdin.write(f"set {index} ".encode() + msgspec.json.encode(said) + b"\n")
-            await pub.stdin.drain()
-
-        for node in record.nodes:
-            await agent_says(node)
         await js.publish(
             subjects.progress(CLUSTER, agents.job, master),
             encode(
@@ -653,14 +608,20 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
 
         # The window.
         prof_out = home / "coordinator.pyspy.txt"
-        prof = start_profiler(coord.pid, args.seconds, prof_out) if args.profile else None
+        prof = start_pyspy(coord.pid, args.seconds, prof_out) if args.profile and spy else None
         lost_before = sum(lost.values())
-        first = Sample.take(coord.pid, server.pid, pub.pid, view)
+
+        def take() -> Sample:
+            assert coord is not None and load is not None
+            return Sample.take(coord.pid, server.pid, load.publisher_pids, load.floor_pid, load)
+
+        first = take()
         samples = [first]
         period = 1.0 / args.event_rate
         k = 0
         next_sample = first.t + 5.0
         end = first.t + args.seconds
+        open_on_master = agents.conditions.setdefault(master, {})
         while True:
             due = first.t + k * period
             if due >= end:
@@ -697,18 +658,18 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                 open_on_master[event.condition.key] = event.condition
             else:
                 open_on_master.pop(event.condition.key, None)
-            await agent_says(master)
+            await tell(master)
             data, subject = encode(event), event_subject(CLUSTER, event)
             agents.pending[key] = time.monotonic()
             await js.publish(subject, data, timeout=10)
             k += 1
             if time.monotonic() >= next_sample:
-                samples.append(Sample.take(coord.pid, server.pid, pub.pid, view))
+                samples.append(take())
                 next_sample += 5.0
         with contextlib.suppress(TimeoutError):
             await wait_for(lambda: not agents.pending, 5, "outstanding commands")
         undecided = classify(agents.pending, master, await job_record())
-        last = Sample.take(coord.pid, server.pid, pub.pid, view)
+        last = take()
         samples.append(last)
         result["coordinator_rss_mib"] = rss_mib(coord.pid)
         window_lost = sum(lost.values()) - lost_before
@@ -718,8 +679,7 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
         # Node-lost probe: one node (not the job's) stops beating; it is found (away, no
         # new work) after 3 missed beats, so ~3 s after its last beat.
         victim = node_name(n - 1, n)
-        pub.stdin.write(f"mute {n - 1}\n".encode())
-        await pub.stdin.drain()
+        await load.to(n - 1, f"mute {n - 1}\n".encode())
         muted_at = time.monotonic()
         try:
             await wait_for(lambda: victim in lost_at, args.lost_timeout, "node.away", 0.05)
@@ -735,21 +695,29 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
 
         span = last.t - first.t
         lats = [s for _, _, s in agents.latencies]
+        rate, floor = beat_rate(first, last), floor_rate(first, last)
+        coordinator_us = per_beat_us(first, last, "coord_cpu", rate)
+        floor_us = per_beat_us(first, last, "floor_cpu", floor)
         result.update(
             window_s=span,
             coordinator_cpu_pct=share(first, last, "coord_cpu"),
             nats_cpu_pct=share(first, last, "nats_cpu"),
             publisher_cpu_pct=share(first, last, "pub_cpu"),
+            floor_cpu_pct=share(first, last, "floor_cpu"),
             bench_cpu_pct=share(first, last, "self_cpu"),
             machine_busy_pct=100.0
             * (last.busy[0] - first.busy[0])
             / max(last.busy[1] - first.busy[1], 1),
             cores=os.cpu_count(),
-            beats_per_s=beat_rate(first, last),
-            beat_bytes=view.beat_bytes,
-            publisher_late_ms_max=max(
-                (float(line["late_ms"]) for line in view.lines[2:]), default=0.0
-            ),
+            publishers=args.publishers,
+            beats_per_s=rate,
+            floor_beats_per_s=floor,
+            coordinator_us_per_beat=coordinator_us,
+            floor_us_per_beat=floor_us,
+            ratio_to_floor=coordinator_us / max(floor_us, 1e-9),
+            publisher_us_per_beat=per_beat_us(first, last, "pub_cpu", rate),
+            beat_bytes=load.beat_bytes,
+            publisher_late_ms_max=load.late_ms_max(first.wall, last.wall),
             events_sent=k,
             decisions=len(lats),
             missing=len(undecided["lost"]),
@@ -775,24 +743,18 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                 for a, b in itertools.pairwise(samples)
             ],
         )
+        result["invalid_because"] = invalid_because(result)
+        result["valid"] = not result["invalid_because"]
         if prof is not None and prof_out.exists():
-            result["profile"] = summarize_profile(prof_out)
+            result["profile"] = summarize_pyspy(prof_out, REPO)
         return result
     finally:
-        if pub is not None and pub.returncode is None:
-            if pub.stdin is not None:
-                pub.stdin.close()  # ends the publisher's stdin reader thread
-            with contextlib.suppress(ProcessLookupError):
-                pub.send_signal(signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pub.wait(), 10)
-            if pub.returncode is None:
-                pub.kill()
-                await pub.wait()
+        if load is not None:
+            await load.stop()
         if coord is not None and coord.poll() is None:
             coord.send_signal(signal.SIGTERM)
             try:
-                coord.wait(15)
+                coord.wait(30)
             except subprocess.TimeoutExpired:
                 coord.kill()
                 coord.wait()
@@ -801,6 +763,8 @@ async def run_size(n: int, args: argparse.Namespace, root: Path) -> dict[str, An
                 await nc.close()
         server.stop()
         coord_out.close()
+        if cprofile.exists() and "nodes" in result:
+            result["profile"] = summarize_cprofile(cprofile)
         result["coordinator_log_warnings"] = grep_count(coord_log, "[warning", "[error")
         result["coordinator_slow_consumer"] = grep_count(coord_log, "slow consumer")
         result["nats_slow_consumer"] = grep_count(
@@ -822,109 +786,6 @@ def _median_ms(lat: list[tuple[float, str, float]], lo: float, hi: float) -> flo
 def _max_ms(lat: list[tuple[float, str, float]], lo: float, hi: float) -> float | None:
     inside = _window(lat, lo, hi)
     return round(max(inside), 2) if inside else None
-
-
-def _fmt(value: float | None, unit: str = "ms") -> str:
-    return "—" if value is None else f"{value:.1f} {unit}"
-
-
-def report(r: dict[str, Any]) -> None:
-    n = r["nodes"]
-    print(f"\n== {n:,} nodes, {r.get('window_s', 0):.0f} s window ==")
-    if "error" in r:
-        print(f"  FAILED: {r['error']}  (coordinator log: {r['coordinator_log']})")
-        return
-    rate = r["beats_per_s"]
-    rows = [
-        ("heartbeats", f"{rate:,.0f}/s of {n:,}/s ({100 * rate / n:.1f} %), {r['beat_bytes']} B"),
-        ("publisher lateness", f"max {r['publisher_late_ms_max']:.0f} ms behind its schedule"),
-        ("coordinator CPU", f"{r['coordinator_cpu_pct']:.1f} % of one core"),
-        ("coordinator RSS", f"{r['coordinator_rss_mib']:.0f} MiB"),
-        (
-            "event → decision",
-            f"median {_fmt(r['latency_ms_median'])}, p99 {_fmt(r['latency_ms_p99'])}, "
-            f"max {_fmt(r['latency_ms_max'])} (n={r['decisions']} of {r['events_sent']}, "
-            f"held by policy {r['held_by_policy']}, lost {r['missing']}, "
-            f"unmatched {r['unmatched']})",
-        ),
-        ("  slowest", "; ".join(r.get("slowest", [])) or "none"),
-        *[("  not decided", line) for line in (r["undecided"]["lost"][:5])],
-        (
-            "node records",
-            f"all {n:,} in KV {r['all_node_records_s']:.1f} s after the burst "
-            f"(attempt {r.get('attempts', 1)})",
-        ),
-        (
-            "job start",
-            f"submit→launch {r['submit_to_launch_s']:.1f} s, →running "
-            f"{r['submit_to_running_s']:.1f} s (submit RTT {r['submit_rtt_ms']:.0f} ms)",
-        ),
-        ("nats-server", f"{r['nats_cpu_pct']:.1f} % CPU, {r['nats_rss_mib']:.0f} MiB"),
-        ("publisher", f"{r['publisher_cpu_pct']:.1f} % CPU"),
-        ("this script", f"{r['bench_cpu_pct']:.1f} % CPU"),
-        ("machine", f"{r['machine_busy_pct']:.0f} % busy of {r['cores']} cores (all users)"),
-        ("node.away/lost events", f"{r['node_lost_events']} during the window"),
-        (
-            "leadership",
-            f"{r['leader_events']} coordinator.leader events for one coordinator"
-            + (" (it lost its lease and retook it)" if r["leader_events"] > 1 else ""),
-        ),
-        (
-            "node-lost probe",
-            "a silenced node found (node.away) "
-            + (
-                f"{r['node_lost_detect_s']:.1f} s after its agent stopped (spec: ~3 s)"
-                if r.get("node_lost_detect_s") is not None
-                else "NEVER within the probe timeout"
-            ),
-        ),
-        (
-            "log warnings",
-            f"coordinator {r['coordinator_log_warnings']} "
-            f"(slow consumer {r['coordinator_slow_consumer']}), "
-            f"nats slow consumer {r['nats_slow_consumer']}",
-        ),
-    ]
-    for name, value in rows:
-        print(f"  {name:<20} {value}")
-    for line in r.get("coordinator_log_lines", []):
-        print(f"    log: {line}")
-    print("  timeline:  t(s)  coord CPU %   beats/s   lat median   lat max")
-    for row in r["timeline"]:
-        print(
-            f"           {row['t_s']:5.0f}  {row['coordinator_cpu_pct']:10.1f}  "
-            f"{row['beats_per_s']:8,d}  {_fmt(row['latency_ms_median']):>11}  "
-            f"{_fmt(row['latency_ms_max']):>9}"
-        )
-    if "profile" in r:
-        print("  py-spy profile of the coordinator during the window:")
-        print("\n".join(r["profile"]))
-
-
-def verdict(results: list[dict[str, Any]]) -> None:
-    print("\n== summary ==")
-    print("  nodes    beats/s   coord CPU %   RSS MiB   p50 ms   p99 ms   machine busy %")
-    for r in results:
-        if "error" in r:
-            print(f"  {r['nodes']:>6,}   failed: {r['error']}")
-            continue
-        print(
-            f"  {r['nodes']:>6,}  {r['beats_per_s']:8,.0f}  {r['coordinator_cpu_pct']:11.1f}  "
-            f"{r['coordinator_rss_mib']:8.0f}  {r['latency_ms_median'] or 0:7.1f}  "
-            f"{r['latency_ms_p99'] or 0:7.1f}  {r['machine_busy_pct']:14.0f}"
-        )
-    for r in results:
-        if "error" in r or r["nodes"] < 10_000:
-            continue
-        checks = {
-            "publisher sustained N/s (≥ 99 %)": r["beats_per_s"] >= 0.99 * r["nodes"],
-            "coordinator CPU < 60 % of one core": r["coordinator_cpu_pct"] < CPU_TARGET_PCT,
-            "p99 ≤ 50 ms": (r["latency_ms_p99"] or 1e9) <= 50.0 and r["missing"] == 0,
-            "silenced node lost within 5 s": (r.get("node_lost_detect_s") or 1e9) <= 5.0,
-            "leadership held throughout": r["leader_events"] == 1,
-        }
-        for name, ok in checks.items():
-            print(f"  {r['nodes']:,} nodes: {name}: {'PASS' if ok else 'FAIL'}")
 
 
 async def orchestrate(args: argparse.Namespace) -> int:
@@ -958,7 +819,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         print(f"kept {root}", file=sys.stderr)
     else:
         shutil.rmtree(root, ignore_errors=True)
-    return 0 if all("error" not in r for r in results) else 1
+    return exit_code(results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -967,19 +828,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="measurement window per size")
     p.add_argument("--warmup", type=float, default=10.0, help="heartbeats before the job")
     p.add_argument("--event-rate", type=float, default=2.0, help="NVMe events a second")
-    p.add_argument("--profile", action="store_true", help="py-spy the coordinator")
+    p.add_argument("--publishers", type=int, default=2, help="publisher processes")
+    p.add_argument("--profile", action="store_true", help="profile the coordinator")
     p.add_argument("--lost-timeout", type=float, default=120.0, help=argparse.SUPPRESS)
     p.add_argument("--attempts", type=int, default=3, help="tries when the ticker dies")
     p.add_argument("--node-write-timeout", type=float, default=90.0, help=argparse.SUPPRESS)
     p.add_argument("--keep", action="store_true", help="keep the scratch directory")
     p.add_argument("--json", help="also write the figures here")
-    p.add_argument("--publisher", type=int, metavar="N", help=argparse.SUPPRESS)
-    p.add_argument("--nats", help=argparse.SUPPRESS)
-    p.add_argument("--cluster", default=CLUSTER, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.publisher:
-        asyncio.run(publisher(args.nats, args.cluster, args.publisher))
-        return 0
+    if min(args.nodes) < 2 or args.publishers < 1 or args.seconds <= 0:
+        p.error("--nodes must be at least 2, --publishers at least 1, --seconds positive")
     return asyncio.run(orchestrate(args))
 
 

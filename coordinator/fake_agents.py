@@ -1,7 +1,9 @@
 """Node agents as the job manager sees them, in memory: a :class:`CommandSender` that
 answers commands the way real agents do (fencing by epoch, a port for the master, pids
-for a launch) and records what it was told. Shipped beside the real sender so the job
-lifecycle is tested without a NATS server."""
+for a launch) and records what it was told, and the heartbeat each would send now (the
+ranks it launched, and the attempts whose launch it carried out, as a real agent's beat
+built after its answer says them). Shipped beside the real sender so the job lifecycle is
+tested without a NATS server."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from proto.commands import CommandBase, CommandReply, Launch, ReservePort
+from proto.node import Heartbeat, RankReport
 from ringmaster.clock import SYSTEM, Clock
 
 
@@ -28,6 +31,10 @@ class FakeAgents:
     slow: set[str] = field(default_factory=set)
     go: asyncio.Event = field(default_factory=asyncio.Event)
     clock: Clock = SYSTEM
+    started_at: float = 1.0  # when every agent process started (their beats' started_at)
+    # node → job → the attempt launched there, and its ranks (alive), as its agent says
+    launched: dict[str, dict[str, int]] = field(default_factory=dict)
+    ranks: dict[str, dict[str, list[RankReport]]] = field(default_factory=dict)
 
     def sender(self, me: str, epoch: Callable[[], int]) -> FakeSender:
         """The command channel of a coordinator called ``me`` leading at ``epoch()``."""
@@ -48,12 +55,39 @@ class FakeAgents:
         self.received.append((node, cmd))
         if node in self.failing:
             return CommandReply(ok=False, node=node, epoch_seen=cmd.epoch, error=self.failing[node])
-        reply = CommandReply(ok=True, node=node, epoch_seen=cmd.epoch, sent_at=self.clock.time())
+        reply = CommandReply(
+            ok=True,
+            node=node,
+            epoch_seen=cmd.epoch,
+            sent_at=self.clock.time(),
+            started_at=self.started_at,
+        )
         if isinstance(cmd, ReservePort):
             reply.port = self.port
         elif isinstance(cmd, Launch):
             reply.pids = [10_000 + r.rank for r in cmd.ranks]
+            self.ranks.setdefault(node, {})[cmd.job] = [
+                RankReport(job=cmd.job, rank=r.rank, attempt=cmd.attempt, pid=pid, alive=True)
+                for r, pid in zip(cmd.ranks, reply.pids, strict=True)
+            ]
+            self.launched.setdefault(node, {})[cmd.job] = cmd.attempt
         return reply
+
+    def heartbeat(self, node: str, seq: int, sent_at: float, addr: str = "") -> Heartbeat:
+        """The beat ``node``'s agent builds now: the ranks it launched, alive, and per job
+        the attempt it launched (every answer it gave is older than this beat)."""
+        ranks = [r for reports in self.ranks.get(node, {}).values() for r in reports]
+        return Heartbeat(
+            node=node,
+            seq=seq,
+            sent_at=sent_at,
+            addr=addr,
+            gpus=1,
+            ranks=tuple(ranks),
+            jobs=tuple(self.ranks.get(node, {})),
+            launched=dict(self.launched.get(node, {})),
+            started_at=self.started_at,
+        )
 
     def commands(self, kind: type[CommandBase], node: str | None = None) -> list[CommandBase]:
         """What the agents accepted, of one command type (and on one node)."""

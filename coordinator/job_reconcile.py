@@ -20,7 +20,7 @@ from typing import Generic, Protocol, TypeVar
 import structlog
 
 from coordinator.launch import Launcher
-from coordinator.reconcile import Exited, Memo, Missing, job_findings, orphans
+from coordinator.reconcile import Exited, Memo, Missing, job_findings, knows_launch, orphans
 from coordinator.registry import NodeInfo, Registry
 from proto.events import Severity, WorkerExited
 from proto.job import JobRecord
@@ -102,19 +102,28 @@ class Reconciler:
         for job in list(jobs.values()):
             attempt, launched = self.launcher.launched_at.get(job.id, (0, self.since))
             answered = self.launcher.answered_at.get(job.id, {})
-            if attempt != job.attempt:
-                launched, answered = self.since, {}  # another leader's launch: beats since
+            answered_by = self.launcher.answered_by.get(job.id, {})
+            if attempt != job.attempt:  # another leader's launch: beats since
+                launched, answered, answered_by = self.since, {}, {}
 
             def settled(
-                node: NodeInfo, launched: float = launched, answered: dict[str, float] = answered
+                node: NodeInfo,
+                launched: float = launched,
+                answered: dict[str, float] = answered,
+                by: dict[str, float] = answered_by,
+                job: JobRecord = job,
             ) -> bool:
-                """The node's newest beat lists the attempt's ranks: it was sent after the
-                node answered the launch (both on its own clock: the beat may reach this
-                process before or after the answer); without that stamp (another
-                leader's launch, an agent that sends none) it arrived a beat's interval
-                after the launch was answered or this leader took over."""
+                """The node's newest beat lists the attempt's ranks: its agent built it
+                after carrying out the launch (``reconcile.knows_launch``). An agent that
+                does not say is judged by clocks: a beat sent after the node answered the
+                launch (both on its own clock); without that stamp (another leader's
+                launch, an agent that sends none) one that arrived a beat's interval after
+                the launch was answered or this leader took over."""
                 if node.id in silent:
                     return False
+                knows = knows_launch(node, job.id, job.attempt, by.get(node.id, 0.0))
+                if knows is not None:
+                    return knows
                 if answered.get(node.id):
                     return node.beat_sent_at > answered[node.id]
                 return node.beat_seen > launched + node.interval_s

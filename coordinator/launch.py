@@ -52,6 +52,8 @@ class Launcher:
         # that node sent after it lists the attempt's ranks (coordinator.job_reconcile)
         self.launched_at: dict[str, tuple[int, float]] = {}
         self.answered_at: dict[str, dict[str, float]] = {}
+        # and when each answering agent process started (coordinator.reconcile.knows_launch)
+        self.answered_by: dict[str, dict[str, float]] = {}
 
     async def start(self, job: JobRecord, busy: set[str]) -> bool:
         """One try at starting ``job``'s next attempt; True when every node launched.
@@ -103,6 +105,7 @@ class Launcher:
         # until every node has answered, a node's beat may not list a rank it is starting
         self.launched_at[job.id] = (job.attempt, math.inf)
         self.answered_at.pop(job.id, None)
+        self.answered_by.pop(job.id, None)
         await self.save(job)
         plans = plan(adm.chosen, spec.gpus_per_node, reply.port, spec.env)
         probes = {n.id: f"{n.addr}:{n.probe_port}" for n in adm.chosen if n.probe_port}
@@ -139,6 +142,9 @@ class Launcher:
             return False
         self.launched_at[job.id] = (job.attempt, self.clock.monotonic())
         self.answered_at[job.id] = {p.node: r.sent_at for p, r in zip(plans, replies, strict=True)}
+        self.answered_by[job.id] = {
+            p.node: r.started_at for p, r in zip(plans, replies, strict=True)
+        }
         job.reason = ""
         if not loop_support.reports_steps(job):
             fire(job, Input.TRAINING)  # a script that sends no progress: running now

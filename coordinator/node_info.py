@@ -52,6 +52,9 @@ class NodeInfo:
     # received after it clears it
     suspect_at: float | None = None
     ranks: tuple[RankReport, ...] = ()  # the agent's, as of its newest beat
+    # per job, the attempt whose launch the agent had carried out when it built its newest
+    # beat (None: it does not say); see coordinator.reconcile.knows_launch
+    launched: dict[str, int] | None = None
     # counts the changes of what ``ranks`` says of each rank but its step (which rank of
     # which attempt, its pid, alive or how it exited): equal, and a reconciliation's
     # findings about this node are what they were

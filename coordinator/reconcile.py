@@ -9,6 +9,12 @@ late or repeated ``worker.exited`` costs at most a heartbeat, never a stranded j
   with that evidence;
 - a live rank that no live attempt expects is an orphan, to be stopped.
 
+A node's beat is evidence about an attempt only if its agent built it after it had
+carried out that attempt's launch (:func:`knows_launch`): the beat names the attempt.
+Neither when a beat arrives nor the agent's wall-clock stamp on it can say that: a beat
+queued behind others is read late, and a clock stepped back makes an older beat look
+newer than the launch's answer.
+
 Pure: the caller passes the job records, the registry's nodes and which of them to trust.
 """
 
@@ -68,6 +74,22 @@ def hosts_rank(job: JobRecord, node: str, rank: int, attempt: int) -> bool:
     """Whether ``node`` speaks for ``rank`` of ``job``'s current attempt (an attempt of 0,
     an unknown one, matches nothing)."""
     return attempt != 0 and attempt == job.attempt and host_of(job, rank) == node
+
+
+def knows_launch(node: NodeInfo, job: str, attempt: int, answered_by: float) -> bool | None:
+    """Whether ``node``'s newest beat was built after its agent had carried out the launch
+    of ``attempt`` of ``job``, so that a rank of that attempt it does not list is not
+    there: the beat names that attempt (or a later one) as launched, or it comes from an
+    agent process started after the one that answered the launch (``answered_by``: that
+    process's start, 0 when unknown), whose every beat is newer than the answer (a
+    restarted agent that found none of the job's ranks alive names no attempt of it).
+    None: the agent does not say (it sends no ``launched``), and the caller falls back
+    on the clocks."""
+    if node.launched is None:
+        return None
+    if node.launched.get(job, 0) >= attempt:
+        return True
+    return 0 < answered_by < node.agent_started_at
 
 
 class Memo:

@@ -91,6 +91,7 @@ class Registry:
         self._shortest_interval = min(self._shortest_interval, beat.interval_s)
         node.beat_sent_at, node.metrics_url = beat.sent_at, beat.metrics_url
         node.ranks, node.agent_started_at = beat.ranks, beat.started_at
+        node.launched = beat.launched
         key = tuple(
             (r.job, r.rank, r.attempt, r.pid, r.alive, r.exit_code, r.signal) for r in beat.ranks
         )

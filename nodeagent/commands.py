@@ -45,8 +45,10 @@ class CommandHandler:
         advertise_addr: str,
         on_event: Callable[[EventBase], Awaitable[None]],
         resync: Callable[[], Awaitable[ClockResynced | ClockResyncFailed]] | None = None,
+        started_at: float = 0.0,
     ) -> None:
         self.node = node
+        self.started_at = started_at  # the agent process's start, as its beats say it
         self._resync = resync
         self._epoch_file = epoch_file(run_dir)
         self.supervisor = supervisor
@@ -138,6 +140,7 @@ class CommandHandler:
             node=self.node,
             epoch_seen=self.epoch_seen,
             sent_at=time.time(),
+            started_at=self.started_at,
             **fields,  # type: ignore[arg-type]
         )
 

@@ -151,6 +151,7 @@ class Agent:
             self.addr,
             self.emit,
             resync=clock.resync if clock else None,
+            started_at=self.started_at,
         )
 
         async def on_command(msg: Msg) -> None:
@@ -286,6 +287,7 @@ class Agent:
                 jobs=tuple(self.supervisor.jobs()),
                 metrics_url=self.metrics.url if self.metrics is not None else "",
                 ranks=tuple(self.supervisor.rank_reports()),
+                launched=self.supervisor.launched(),  # of the same moment as the ranks
                 started_at=self.started_at,
             )
             with contextlib.suppress(Exception):

@@ -5,6 +5,10 @@ missed a ``worker.exited`` learns of the exit one beat later.
 An exited rank stays reported, with its status, until the next launch of its job on this
 node replaces the attempt, or until :data:`~proto.node.RANK_MEMORY_S` after the last rank
 of the attempt exited: a finished job is not reported for ever.
+
+Beside the reports, the attempts whose launch is complete (:func:`launched`): a beat built
+before the agent had started an attempt's ranks cannot say they are missing, and the
+coordinator reads only a beat that names the attempt as proof of absence.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ class Run(Protocol):
     @property
     def exits(self) -> Mapping[int, RankExit]: ...
 
+    @property
+    def launched(self) -> bool: ...
+
 
 def rank_reports(runs: Mapping[str, Run], run_dir: Path, now: float) -> list[RankReport]:
     """The reports for ``runs`` at ``now`` (``time.monotonic()``), by job and rank; each
@@ -71,6 +78,17 @@ def rank_reports(runs: Mapping[str, Run], run_dir: Path, now: float) -> list[Ran
                 )
             )
     return reports
+
+
+def launched(runs: Mapping[str, Run], now: float) -> dict[str, int]:
+    """Per job reported at ``now``, its attempt once the launch has started every rank of
+    it here (the ranks are then all in the reports); a job whose launch is still under way,
+    or failed, is not named."""
+    return {
+        job: run.attempt
+        for job, run in sorted(runs.items())
+        if run.launched and not _forgotten(run, now)
+    }
 
 
 def _forgotten(run: Run, now: float) -> bool:

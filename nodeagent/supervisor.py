@@ -32,7 +32,7 @@ import structlog
 
 from nodeagent.adoption import AdoptedRank, RankProcess, adoptable
 from nodeagent.control_channel import ControlChannel
-from nodeagent.rank_reports import RankExit, rank_reports
+from nodeagent.rank_reports import RankExit, launched, rank_reports
 from nodeagent.rank_start import rank_argv, rank_cpus, start_cold
 from nodeagent.warm_pool import SPARE, WarmPool
 from proto.codec import encode
@@ -68,6 +68,7 @@ class JobRun:
     waiters: dict[int, asyncio.Task[None]] = field(default_factory=dict)  # by rank
     exits: dict[int, RankExit] = field(default_factory=dict)  # ranks whose exit was seen
     peers: dict[str, str] = field(default_factory=dict)  # the job's other nodes' probe addrs
+    launched: bool = False  # every rank of the attempt started (or adopted): all in procs
 
     def alive(self) -> list[int]:
         return [r for r, p in self.procs.items() if r not in self.exits and p.returncode is None]
@@ -116,6 +117,11 @@ class Supervisor:
         """Every rank of each job's latest attempt, for the heartbeat."""
         return rank_reports(self.runs, self.run_dir, time.monotonic())
 
+    def launched(self) -> dict[str, int]:
+        """Per job in the reports, the attempt whose launch is complete (for the heartbeat,
+        read with :meth:`rank_reports` with nothing in between)."""
+        return launched(self.runs, time.monotonic())
+
     async def adopt(self) -> list[str]:
         """Take over the ranks an earlier agent process started (``nodeagent.adoption``):
         each job with a live rank gets its control channel back on the same socket (rank 0
@@ -134,7 +140,9 @@ class Supervisor:
                 log.warning(
                     "cannot reopen the control socket", path=str(channel.path), error=str(exc)
                 )
-            run = JobRun(found.job, found.attempt, channel, peers=jobdir.read_peers())
+            run = JobRun(
+                found.job, found.attempt, channel, peers=jobdir.read_peers(), launched=True
+            )
             self.runs[found.job] = run
             for rank, (pid, started) in sorted(found.ranks.items()):
                 proc = AdoptedRank(found.job, pid, started, jobdir.rank_exit(rank))
@@ -223,6 +231,7 @@ class Supervisor:
             jobdir.record_rank(spec.rank, proc.pid)
             run.waiters[spec.rank] = asyncio.create_task(self._watch(run, spec.rank, proc))
             log.info("rank started", job=cmd.job, rank=spec.rank, pid=proc.pid, warm=warm)
+        run.launched = True  # from the next beat on, a rank of it not reported is not here
         return [p.pid for p in run.procs.values()]
 
     async def _pre_start(self, cmd: Launch, workdir: Path, jobdir: JobDir) -> None:

@@ -89,5 +89,8 @@ class CommandReply(msgspec.Struct, kw_only=True):
     # the agent's wall clock when it answered (0: not said): a beat it sent later is newer
     # than this answer, whatever order the two reach the coordinator in
     sent_at: float = 0.0
+    # when the answering agent process started (its beats' ``started_at``; 0: not said): a
+    # beat of a later process was built after this answer
+    started_at: float = 0.0
     # False: nobody answered (no agent subscribed, or none in time); set by the sender
     answered: bool = True

@@ -84,6 +84,11 @@ class _Beat(msgspec.Struct, kw_only=True, gc=False):
     # Every rank this agent runs or ran (see RankReport): the coordinator reconciles each
     # job's expected ranks against these, so a missed worker.exited costs one beat.
     ranks: tuple[RankReport, ...] = ()
+    # Per job, the newest attempt whose launch this agent had carried out when it built
+    # this beat: every rank of that attempt it started is in ``ranks``. Only such a beat
+    # says a rank of that attempt is not here, however late it arrives. None: the agent
+    # does not say (an older one); the coordinator then compares clocks.
+    launched: dict[str, int] | None = None
     # When this agent process started (wall time): a new value is a restarted agent.
     started_at: float = 0.0
     # The TCP port of the agent's peer-probe listener on ``addr`` (0: none): the job's

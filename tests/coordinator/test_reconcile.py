@@ -9,7 +9,15 @@ from test_jobs import Cluster, spec
 
 from coordinator import exclusion
 from coordinator.goodput import account
-from coordinator.reconcile import Exited, Memo, Missing, hosts_rank, job_findings, orphans
+from coordinator.reconcile import (
+    Exited,
+    Memo,
+    Missing,
+    hosts_rank,
+    job_findings,
+    knows_launch,
+    orphans,
+)
 from coordinator.registry import NodeInfo, Registry
 from proto.api import JobControl, SubmitJob
 from proto.commands import Stop
@@ -58,6 +66,26 @@ def test_exits_and_missing_ranks_are_found_on_settled_nodes_only() -> None:
     assert job_findings(job, nodes, lambda n: True) == []
     job.exited_ranks, job.stopping_attempt = {}, 2  # being stopped: nothing to find
     assert job_findings(job, nodes, lambda n: True) == []
+
+
+def test_only_a_beat_built_after_the_launch_speaks_for_its_attempt() -> None:
+    """A beat names the attempts whose launch its agent had carried out: it speaks for
+    attempt 2 once it names 2 (or a later one), never while it names an older one or none,
+    whatever its stamp. A beat of a later agent process than the one that answered the
+    launch speaks too (every beat of it is newer); an agent that names nothing at all
+    leaves the caller to its clocks."""
+    beat = NodeInfo(id="node-1", agent_started_at=10.0)
+    assert knows_launch(beat, "j-1", 2, answered_by=10.0) is None  # an older agent
+    beat.launched = {"j-1": 1, "j-2": 5}
+    assert knows_launch(beat, "j-1", 2, answered_by=10.0) is False  # built before it
+    assert knows_launch(beat, "j-1", 1, answered_by=10.0) is True
+    assert knows_launch(beat, "j-2", 2, answered_by=10.0) is True  # a later one launched
+    beat.launched = {}
+    assert knows_launch(beat, "j-1", 2, answered_by=10.0) is False
+    assert knows_launch(beat, "j-1", 2, answered_by=0.0) is False  # who answered: unknown
+    assert knows_launch(beat, "j-1", 2, answered_by=9.0) is True  # a restarted agent's
+    beat.agent_started_at = 8.0
+    assert knows_launch(beat, "j-1", 2, answered_by=9.0) is False  # an earlier process's
 
 
 def test_orphans_are_live_ranks_nothing_expects() -> None:
@@ -261,6 +289,61 @@ async def test_a_beat_sent_before_the_launch_answer_is_no_evidence_however_late_
     c.clock.advance(1.0)
     beat = Heartbeat(node="node-1", seq=10, sent_at=answered + 0.5, gpus=1, ranks=[])
     c.registry.observe(beat, c.clock.monotonic())  # sent after its answer: the rank is missing
+    await m.tick()
+    await m.settle()
+    assert "worker.exited" in c.kinds() and job.restarts == 1, job.reason
+
+
+@pytest.mark.anyio
+async def test_a_beat_built_before_the_launch_is_no_evidence_whatever_its_stamp() -> None:
+    """node-1's agent built a beat before it launched attempt 1's rank, then its clock was
+    stepped back (a resync) before it answered: the old beat's stamp is later than the
+    answer's, and it is read long after the launch. It names no launch of attempt 1, so it
+    proves nothing. The next beat does name it: a rank it then does not list is missing."""
+    c = Cluster()
+    m = c.leader()
+    job = m.jobs[(await m.submit(SubmitJob(spec=spec(2), workdir="/w"))).job]
+    early = c.agents.heartbeat("node-1", seq=9, sent_at=0.0, addr="10.0.0.2")
+    await m.tick()
+    await m.settle()
+    assert job.state is JobState.STARTING and job.attempt == 1
+    answered, launched = m.launcher.answered_at[job.id]["node-1"], m.launcher.launched_at[job.id]
+    early.sent_at = answered + 5.0  # stamped before the clock went back: it fools the clocks
+    late = launched[1] + 30.0
+    c.registry.observe(c.agents.heartbeat("node-0", 9, answered + 1.0, "10.0.0.1"), late)
+    c.registry.observe(early, late)
+    c.registry.bus_alive(late + 5.0)
+    await m.tick()
+    await m.settle()
+    assert job.restarts == 0 and "worker.exited" not in c.kinds(), job.reason
+    beat = c.agents.heartbeat("node-1", seq=10, sent_at=early.sent_at, addr="10.0.0.2")
+    beat.ranks = ()  # built after the launch, and the rank is gone
+    c.registry.observe(beat, late + 6.0)
+    await m.tick()
+    await m.settle()
+    assert "worker.exited" in c.kinds() and job.restarts == 1, job.reason
+
+
+@pytest.mark.anyio
+async def test_a_restarted_agent_that_found_no_rank_alive_speaks_for_the_attempt() -> None:
+    """node-1's agent restarted after answering the launch and found the job's rank dead,
+    so it adopted nothing and names no launch of the job: its beats are newer than the
+    answer all the same (a later process), and the rank is missing."""
+    c = Cluster()
+    m = c.leader()
+    job = m.jobs[(await m.submit(SubmitJob(spec=spec(2), workdir="/w"))).job]
+    await m.tick()
+    await m.settle()
+    answered, (_, now) = m.launcher.answered_at[job.id]["node-1"], m.launcher.launched_at[job.id]
+    c.registry.observe(c.agents.heartbeat("node-0", 9, answered + 1.0, "10.0.0.1"), now)
+    beat = Heartbeat(node="node-1", seq=1, sent_at=answered + 1.0, gpus=1, launched={})
+    beat.started_at = c.agents.started_at  # the agent that answered, before it launched
+    c.registry.observe(beat, now)
+    await m.tick()
+    await m.settle()
+    assert job.restarts == 0 and "worker.exited" not in c.kinds(), job.reason
+    beat.started_at = c.agents.started_at + 60.0  # a new agent process
+    c.registry.observe(beat, now)
     await m.tick()
     await m.settle()
     assert "worker.exited" in c.kinds() and job.restarts == 1, job.reason

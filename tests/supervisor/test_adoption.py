@@ -19,7 +19,7 @@ from supervisor_waits import until
 from nodeagent import adoption
 from nodeagent.adoption import AdoptedRank
 from nodeagent.commands import CommandHandler
-from nodeagent.rank_reports import rank_reports
+from nodeagent.rank_reports import launched, rank_reports
 from nodeagent.supervisor import Supervisor
 from proto.codec import encode
 from proto.commands import Launch, RankSpec, Stop
@@ -151,6 +151,7 @@ async def test_adopted_ranks_talk_again_and_report_their_exits(
     second, sink = agents.start()
     assert await second.adopt() == ["j1"]
     assert second.jobs() == ["j1"] and second.runs["j1"].attempt == 3
+    assert second.launched() == {"j1": 3}  # its beats speak for the adopted attempt
     assert [(r.rank, r.pid, r.alive, r.attempt) for r in second.rank_reports()] == [
         (0, pids[0], True, 3),
         (1, pids[1], True, 3),
@@ -221,6 +222,7 @@ async def test_a_new_launch_replaces_the_old_attempts_reports(
     last_exit = max(e.at for e in sup.runs["j1"].exits.values())
     assert len(rank_reports(sup.runs, sup.run_dir, last_exit + RANK_MEMORY_S - 1)) == 2
     assert rank_reports(sup.runs, sup.run_dir, last_exit + RANK_MEMORY_S + 1) == []
+    assert launched(sup.runs, last_exit + RANK_MEMORY_S + 1) == {}  # forgotten with them
 
     (tmp_path / "orders" / "exit-1").unlink()
     [pid] = await sup.launch(launch_cmd(tmp_path, attempt=2, ranks=1))
@@ -228,6 +230,34 @@ async def test_a_new_launch_replaces_the_old_attempts_reports(
     # the old attempt's files are gone, so an agent restarted now finds attempt 2 alone
     assert not job.rank_pid(1).exists() and not job.rank_exit(1).exists()
     assert not job.rank_beat(1).exists() and job.read_attempt() == 2
+
+
+async def test_a_beat_names_an_attempt_only_once_its_launch_has_started_every_rank(
+    agents: Agents, tmp_path: Path
+) -> None:
+    """While a launch is under way (here its pre-start hook runs) the reports lack some
+    of its ranks, so the attempt is not named as launched: a beat built then cannot say
+    a rank is missing. Once the launch is answered, the reports list every rank and the
+    attempt is named; the answer says which agent process gave it."""
+    sup, sink = agents.start()
+    handler = CommandHandler("n", sup.run_dir, sup, "127.0.0.1", sink.event, started_at=5.0)
+    await sup.launch(launch_cmd(tmp_path, attempt=1, ranks=1))
+    assert sup.launched() == {"j1": 1}
+    await sup.stop("j1", force=True, grace_s=0)
+    hook = tmp_path / "pre-start.sh"
+    hook.write_text(
+        f"touch {tmp_path}/hook-started\nwhile [ ! -e {tmp_path}/go ]; do sleep 0.05; done\n"
+    )
+    cmd = launch_cmd(tmp_path, attempt=2)
+    cmd.pre_start = str(hook)
+    answer = asyncio.create_task(handler.handle(encode(cmd)))
+    await until(lambda: (tmp_path / "hook-started").exists())
+    assert sup.launched() == {} and sup.rank_reports() == []  # attempt 2 under way
+    (tmp_path / "go").touch()
+    reply = await answer
+    assert reply.ok and reply.started_at == 5.0
+    assert sup.launched() == {"j1": 2}
+    assert [(r.rank, r.attempt) for r in sup.rank_reports()] == [(0, 2), (1, 2)]
 
 
 async def test_a_stop_of_an_older_attempt_leaves_the_newer_run_alone(
