@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from test_jobs import Cluster, exited, rank0, spec
 
-from coordinator import policy, progress_policy
+from coordinator import placement_policy, policy, progress_policy
 from coordinator.job_progress import at_risk_ahead
 from coordinator.jobs import JobManager
 from proto.api import SubmitJob
@@ -260,15 +260,15 @@ async def test_numeric_faults_rewind_until_the_limit_then_fail_with_the_evidence
 def test_a_job_whose_checkpoints_cannot_reshard_does_not_shrink() -> None:
     record = JobRecord(id="j", name="j", spec=spec(4), attempt=1)
     record.spec.job.min_nodes = 2
-    assert policy.minimum_nodes(record) == 2  # deepspeed ZeRO-1: it reshards
+    assert placement_policy.minimum_nodes(record) == 2  # deepspeed ZeRO-1: it reshards
     record.spec.train.zero_stage = 3
-    assert policy.minimum_nodes(record) == 2  # so does ZeRO-3
+    assert placement_policy.minimum_nodes(record) == 2  # so does ZeRO-3
     record.spec.train.zero_stage = 0
-    assert policy.minimum_nodes(record) == 4
+    assert placement_policy.minimum_nodes(record) == 4
     record.spec.train.engine = "fsdp"
-    assert policy.minimum_nodes(record) == 2
+    assert placement_policy.minimum_nodes(record) == 2
     record.attempt = 0  # a first start waits for every node it asked for
-    assert policy.minimum_nodes(record) == 4
+    assert placement_policy.minimum_nodes(record) == 4
 
 
 async def test_a_late_step_of_the_previous_attempt_does_not_make_the_next_one_running() -> None:

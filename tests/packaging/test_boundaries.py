@@ -284,6 +284,7 @@ PURE = (
         "network_culprit",
         "node_life",
         "node_view",
+        "placement_policy",
         "policy",
         "progress_policy",
         "reconcile",
