@@ -88,6 +88,8 @@ class JobEffects:
                 self.registry.declare_lost(node, reason)  # the leader's sweep says it
             case actions.DrainNode(node=node, key=key, reason=reason):
                 self.registry.drain(node, key, reason)
+            case actions.HoldNode(node=node, evidence=evidence):
+                self.registry.hold(node, evidence)
             case actions.ResyncNode(node=node, reason=reason):
                 await self._resync(node, reason)
         if job is None:

@@ -42,6 +42,9 @@ class NodeInfo:
     # the coordinator's own judgements on an open condition (a clock a resync could not
     # bring back): key → evidence, a cause of a drain while that condition stays open
     judged: dict[str, str] = field(default_factory=dict)
+    # the coordinator's verdict that holds the node for a person (its ranks alone computed
+    # non-finite values again and again): the evidence, until the node keeper has taken it
+    hold_for: str = ""
     slurm_drain: str = ""  # a drain in Slurm someone else set: its reason
     lost_reason: str = ""  # why it was declared lost, besides its silence
     # while away: when a job last showed its ranks there still stepping (coordinator's

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
-from coordinator import node_life, node_view
+from coordinator import node_life, node_verbs, node_view
 from coordinator.cas import CasStore, Conflict
 from coordinator.life_store import LifeStore
 from coordinator.node_info import NodeInfo
@@ -101,13 +101,20 @@ class NodeKeeper:
     async def _step(self, node: NodeInfo, now: float) -> NodeLife | None:
         """The node's record brought up to what is known of it now; None when another
         leader has written it since."""
-        ev = evidence(node)
+        ev, verdict = evidence(node), node.hold_for
         life = self.lives.get(node.id)
-        if life is None and not ev.causes:
+        if life is None and not ev.causes and not verdict:
             return NodeLife(node=node.id, since=now)  # serving, and nothing to change that
         life = life or NodeLife(node=node.id, since=now)
         new, steps = node_life.step(life, ev, now, self.probation)
-        return new if await self._carry(node.id, new, steps, now) else None
+        if verdict:
+            new, held = node_verbs.hold(new, verdict, now)
+            steps += held
+        if not await self._carry(node.id, new, steps, now):
+            return None
+        if node.hold_for == verdict:
+            node.hold_for = ""  # taken: on record, said once
+        return new
 
     async def control(self, req: NodeControl) -> ApiReply:
         """An operator's ``cordon``, ``drain`` or ``undrain``: refused (``ok`` false) for
@@ -125,7 +132,7 @@ class NodeKeeper:
                 life = await self._step(node, now)
             if life is None:
                 return ApiReply(ok=False, error="another coordinator leads now; try again")
-            new, steps, note = node_life.command(life, req.action, req.by, req.reason, now)
+            new, steps, note = node_verbs.command(life, req.action, req.by, req.reason, now)
             if not await self._carry(req.node, new, steps, now):
                 return ApiReply(ok=False, error="another coordinator leads now; try again")
         if req.action == "undrain" and new.phase is not Phase.SERVING:

@@ -79,6 +79,9 @@ class Rewound(ProgressBase, tag="rewound"):
     skip_from: int = 0
     skip_to: int = 0
     reason: str = ""
+    # the ranks whose own loss was not finite in the faulting step, as every rank found
+    # together; empty where none was (a gradient-norm explosion) or the loop does not say
+    ranks: list[int] = msgspec.field(default_factory=list)
 
 
 class Stragglers(ProgressBase, tag="stragglers"):

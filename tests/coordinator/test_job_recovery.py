@@ -239,22 +239,66 @@ def test_stragglers_compare_each_rank_with_the_median_of_the_others() -> None:
     assert progress_policy.stragglers([0.1], 1.5) == {}
 
 
-async def test_numeric_faults_rewind_until_the_limit_then_fail_with_the_evidence() -> None:
+async def test_a_numeric_fault_that_keeps_coming_back_fails_the_job_with_the_evidence() -> None:
     c = Cluster()
     m = c.leader()
     job = await launched(c, m)
     limit = job.spec.policy.max_rewinds
-    bad = Rewound(job=job.id, step=50, from_step=57, skip_from=50, skip_to=58, reason="loss is nan")
+    bad = Rewound(
+        job=job.id,
+        step=50,
+        from_step=57,
+        skip_from=50,
+        skip_to=58,
+        reason="non-finite loss nan",
+        ranks=[0, 1],
+    )
     for _ in range(limit):
         await rank0(m, bad)
+        c.advance(5.0)
     rewound = [e for e in c.events if isinstance(e, JobRewound)]
     assert len(rewound) == limit and rewound[0].to_step == 50 and rewound[0].skip_to == 58
-    assert "steps 50-57 skipped" in rewound[0].message
+    assert "steps 50-57 skipped; non-finite on rank 0, 1" in rewound[0].message
+    assert rewound[0].ranks == [0, 1] and rewound[0].suspect == ""  # every node's
     assert job.state is JobState.RUNNING and job.step == 50
     await rank0(m, bad)
-    assert job.state is JobState.FAILED and "loss is nan" in job.reason
-    assert f"over the limit of {limit}" in job.reason
+    assert job.state is JobState.FAILED and "non-finite loss nan" in job.reason
+    assert "3 times in a row within 50 steps of each other or on the same data" in job.reason
+    assert f"rewound 2 times (policy.max_rewinds = {limit}), not on one node alone" in job.reason
     assert not c.agents.commands(Launch, "node-2")
+
+
+async def test_one_nodes_numeric_faults_hold_it_and_the_job_goes_on_elsewhere() -> None:
+    """Far apart, but the ranks of node-1 alone each time: the third holds node-1 for a
+    person (on the node keeper's next look) and restarts the job without it, uncharged."""
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    for k, step in enumerate((100, 1100, 2100)):
+        await rank0(m, StepDone(job=job.id, step=step, loss=4.0))
+        bad = Rewound(
+            job=job.id,
+            step=step,
+            from_step=step + 3,
+            skip_from=step,
+            skip_to=step + 4,
+            reason="non-finite loss nan",
+            ranks=[1],
+        )
+        await rank0(m, bad)
+        assert [e.suspect for e in c.events if isinstance(e, JobRewound)][-1] == "node-1"
+        if k < 2:
+            assert job.state is JobState.RUNNING and c.registry.nodes["node-1"].hold_for == ""
+            c.advance(600.0)
+    assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-1"]
+    assert job.restarts == 1 and job.restarts_in_row == 0
+    held = c.registry.nodes["node-1"].hold_for
+    assert held.startswith("the ranks of node-1 alone computed non-finite values 3 times")
+    assert "step 103 (node-1 alone" in held and "step 2103 (node-1 alone" in held
+    assert job.numeric_faults == []  # spent: they count no further
+    await m.settle()
+    await m.start_pending(job)
+    assert job.nodes == ["node-0", "node-2"]
 
 
 def test_a_job_whose_checkpoints_cannot_reshard_does_not_shrink() -> None:
