@@ -5,6 +5,9 @@ A node is left out for ``policy.exclude_s``, twice as long each time it faults a
 within one such period of coming back (backoff), and is eligible again sooner once its
 agent starts anew and reports healthy (a repaired machine, a restarted daemon whose
 preflight passed): the evidence that left it out came from the process that is gone.
+
+The hangs that leave a node out are counted here too: two of its ranks' hangs within an
+hour (:data:`coordinator.node_life.REPEAT_WINDOW_S`, the window of every node's repeats).
 """
 
 from __future__ import annotations
@@ -12,10 +15,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from coordinator.node_life import REPEAT_WINDOW_S
 from coordinator.registry import NodeInfo
 from proto.job import Exclusion, JobRecord
 
 MAX_DOUBLINGS = 5  # at most 32 × exclude_s
+
+
+def hung(job: JobRecord, node: str, now: float) -> None:
+    """A hang of ``node``'s ranks in ``job``'s current attempt: on record with its hangs
+    of the last hour, the ones that count (two leave it out: :func:`coordinator.policy.
+    decide`)."""
+    recent = [t for t in job.hung_at.get(node, []) if now - t <= REPEAT_WINDOW_S]
+    job.hung_at[node] = [*recent, now]
 
 
 def leave_out(job: JobRecord, node: str, reason: str, now: float, agent_started_at: float) -> None:

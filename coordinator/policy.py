@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from coordinator import loop_support, network_culprit
+from coordinator import loop_support, network_culprit, node_life
 from coordinator.actions import (
     Action,
     DeclareLost,
@@ -101,9 +101,10 @@ def decide(
             ]
         case WorkerHung(node=str(node), rank=rank, step=step, evidence=evidence):
             why = f"rank {rank} on {node} hung after step {step} ({evidence})"
-            repeated = job.hangs.get(node, 0) >= 2
+            repeated = len(hangs := job.hung_at.get(node, [])) >= 2
             if repeated:
-                why += f"; {node} hung {job.hangs[node]} times, left out"
+                window = node_life.REPEAT_WINDOW_S
+                why += f"; {node} hung {len(hangs)} times within {window:g} s, left out"
             failure = Failure(node=node, rank=rank, cause="hang", step=job.step)
             return [RestartJob(why, (node,) if repeated else (), failure)]
         case NodeAway() if progressing:

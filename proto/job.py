@@ -360,8 +360,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stopping_attempt: int = 0
     stop_graceful: bool = False  # that stop lets the ranks checkpoint at a boundary first
     given_up: GivenUp | None = None  # the attempt before the current one, until it trains
-    # hangs found per node (worker.hung): a node whose ranks hang twice is left out
-    hangs: dict[str, int] = msgspec.field(default_factory=dict)
+    # when the ranks of each node hung (worker.hung), the last hour's: a node whose ranks
+    # hang twice within it is left out (coordinator.policy)
+    hung_at: dict[str, list[float]] = msgspec.field(default_factory=dict)
     # a hang no node could pin, waiting for the network's word (coordinator.hang_verdict)
     held_hang: HeldHang | None = None
     # since when the job has waited for enough healthy nodes (policy.wait_for_nodes_s)

@@ -60,14 +60,30 @@ async def test_a_hang_restarts_once_and_a_node_that_hangs_again_is_left_out() ->
     job = await launched(c, m)
     await m.on_event(hung(job, "node-1"))
     assert job.state is JobState.RECOVERING and job.restarts == 1 and job.excluded == {}
-    assert job.hangs == {"node-1": 1}
+    assert job.hung_at == {"node-1": [c.clock.time()]}
     await m.on_event(hung(job, "node-1"))  # the same attempt's second report: nothing
-    assert job.restarts == 1
+    assert job.restarts == 1 and len(job.hung_at["node-1"]) == 1
     await m.settle()
     await m.start_pending(job)
     await rank0(m, StepDone(job=job.id, step=6, loss=5.0))
     await m.on_event(hung(job, "node-1"))
-    assert job.restarts == 2 and list(job.excluded) == ["node-1"] and "left out" in job.reason
+    assert job.restarts == 2 and list(job.excluded) == ["node-1"]
+    assert "node-1 hung 2 times within 3600 s, left out" in job.reason
+
+
+async def test_hangs_an_hour_apart_never_leave_a_node_out() -> None:
+    """The hangs that leave a node out are counted within an hour, not the job's life."""
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    for restarts in (1, 2, 3):
+        await m.on_event(hung(job, "node-1"))
+        assert job.restarts == restarts and job.excluded == {}, job.reason
+        assert len(job.hung_at["node-1"]) == 1  # the one before is forgotten
+        c.advance(3601.0)
+        await m.settle()
+        await m.start_pending(job)
+        await rank0(m, StepDone(job=job.id, step=5 + restarts, loss=5.0))
 
 
 async def test_a_dead_agent_is_found_by_ping_and_one_fault_costs_one_restart() -> None:
