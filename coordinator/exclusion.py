@@ -4,7 +4,11 @@ time and what the registry knows.
 A node is left out for ``policy.exclude_s``, twice as long each time it faults again
 within one such period of coming back (backoff), and is eligible again sooner once its
 agent starts anew and reports healthy (a repaired machine, a restarted daemon whose
-preflight passed): the evidence that left it out came from the process that is gone.
+preflight passed): the evidence that left it out came from the process that is gone. A
+node its own life drained since (:mod:`coordinator.node_life`: the critical condition or
+the loss that left it out, a preemption notice that passed) is eligible again as soon as
+that life returns it: the probation it served is the evidence that it is well, and
+leaving it out longer would shrink the job for nothing.
 
 The hangs that leave a node out are counted here too: two of its ranks' hangs within an
 hour (:data:`coordinator.node_life.REPEAT_WINDOW_S`, the window of every node's repeats).
@@ -58,13 +62,17 @@ def left_out(job: JobRecord, nodes: Mapping[str, NodeInfo], now: float) -> dict[
                 out[node_id] = f"drained in Slurm ({info.slurm_drain})"
     for node_id, ex in job.excluded.items():
         node = nodes.get(node_id)
-        restarted = (
+        back = (
             node is not None
-            and node.agent_started_at > ex.agent_started_at
             and node.healthy
             and node.preflight_ok
+            # its agent started anew, or its life drained and returned it, since
+            and (
+                node.agent_started_at > ex.agent_started_at
+                or (node.serving_since or 0.0) > ex.since
+            )
         )
-        if now < ex.until and not restarted:
+        if now < ex.until and not back:
             out[node_id] = f"left out after a fault in this job ({ex.reason}) until {_at(ex.until)}"
     return out
 

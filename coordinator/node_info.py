@@ -38,6 +38,8 @@ class NodeInfo:
     cordoned_by: str = ""
     held: bool = False
     probation_until: float | None = None
+    # when its life last returned it to service (wall seconds; None: not serving)
+    serving_since: float | None = None
     slurm_cause: tuple[str, str] | None = None
     # the coordinator's own judgements on an open condition (a clock a resync could not
     # bring back): key → evidence, a cause of a drain while that condition stays open

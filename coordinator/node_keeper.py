@@ -24,10 +24,10 @@ from coordinator.node_info import NodeInfo
 from coordinator.node_life import Cause, Effect, Evidence, Input, Step
 from coordinator.registry import Registry
 from proto.api import ApiReply, NodeControl
-from proto.conditions import Severity
+from proto.conditions import ConditionKind, Severity
 from proto.events import EventBase, NodeCordoned, NodeDrained, NodeReturned
 from proto.node import NodeState
-from proto.node_life import NodeLife, Phase
+from proto.node_life import Fault, NodeLife, Phase
 from ringmaster.clock import Clock
 
 log = structlog.get_logger()
@@ -171,6 +171,7 @@ class NodeKeeper:
         node.cordoned_by = life.cordon.by if life.cordon else ""
         node.held = life.phase is Phase.HELD
         node.probation_until = node_view.probation_until(life)
+        node.serving_since = life.since if serving else None
         node.slurm_cause = node_view.slurm_cause(life)
         node.settle()
 
@@ -190,8 +191,11 @@ class NodeKeeper:
                     said = f"held for a person: {life.held}; undrain it to return it"
                 await self._publish(event, node, said)
             case Effect.RETURNED if s.input is Input.SERVED and fault is not None:
+                ended = "closed"
+                if fault.kind == ConditionKind.PREEMPTION and not _lost_since(life, fault):
+                    ended = "passed with the node still up"  # the notice was not carried out
                 evidence = (
-                    f"{fault.key} closed ({fault.evidence}); its health gate passed for "
+                    f"{fault.key} {ended} ({fault.evidence}); its health gate passed for "
                     f"{s.probation_s:g} s"
                 )
                 event = NodeReturned(
@@ -220,3 +224,8 @@ class NodeKeeper:
             await self.publish(event)
         except Exception as exc:  # saved and shown already: the event is the lesser part
             log.warning("node life event not published", node=node, error=repr(exc))
+
+
+def _lost_since(life: NodeLife, fault: Fault) -> bool:
+    """Whether the node was lost after ``fault`` opened (a notice carried out)."""
+    return any(f.kind == node_life.LOST and f.opened_at >= fault.opened_at for f in life.faults)

@@ -44,7 +44,9 @@ PROBATION_S: Mapping[str, float] = {
     "topology.degraded": 300.0,  # a link retrained: watch it hold
     "net.link": 120.0,  # flaps within it open net.flap and the gate fails
     "clock.drift": 120.0,
-    "spot.notice": 0.0,  # a notice withdrawn: nothing was wrong with the machine
+    # a notice withdrawn or gone by with the machine still up: nothing was wrong with it,
+    # but a provider that reclaims it late does so before it takes work again
+    "spot.notice": 60.0,
     LOST: 60.0,  # back from a reboot or a long outage: its first checks in
 }
 DEFAULT_PROBATION_S = 300.0  # any other critical condition

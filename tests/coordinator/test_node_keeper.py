@@ -255,3 +255,33 @@ async def test_the_coordinators_hold_on_a_nodes_numbers_is_taken_once_until_undr
     assert len(w.events) == 1 and node.held
     assert (await w.keeper.control(NodeControl(node="node-1", action="undrain"))).ok
     assert node.state is NodeState.READY and w.kinds() == ["node.drained", "node.returned"]
+
+
+async def test_a_notice_that_passes_returns_the_node_saying_so() -> None:
+    w = World()
+    await w.keeper.load()
+    message = "aws preemption notice: terminate at 10:00:20 UTC, in 20 s (x)"
+    notice = Condition(
+        kind=ConditionKind.PREEMPTION,
+        node="node-1",
+        subject="aws",
+        severity=Severity.CRITICAL,
+        since=w.clock.time(),
+        reason=message,
+    )
+    w.beat("node-1", notice)
+    await w.after(0.25)
+    w.beat("node-1")  # its agent closed it: the deadline went by with the node up
+    await w.after(80.0)
+    node = w.registry.nodes["node-1"]
+    assert node.state is NodeState.DRAINING and node.serving_since is None
+    await w.after(PROBATION_S["spot.notice"])
+    drained, returned = w.events
+    assert isinstance(drained, NodeDrained) and isinstance(returned, NodeReturned)
+    assert returned.cause == notice.key == "spot.notice:node-1:aws"
+    assert returned.evidence == (
+        f"spot.notice:node-1:aws passed with the node still up ({message}); its health gate "
+        "passed for 60 s"
+    )
+    assert node.state is NodeState.READY and node.serving_since == w.clock.time()
+    assert [f.key for f in w.keeper.lives["node-1"].faults] == [notice.key]  # its history

@@ -316,18 +316,28 @@ def test_the_defaults_are_the_documented_ones() -> None:
         "topology.degraded": 300.0,
         "net.link": 120.0,
         "clock.drift": 120.0,
-        "spot.notice": 0.0,
+        "spot.notice": 60.0,
         "node.lost": 60.0,
     }
     assert nl.DEFAULT_PROBATION_S == 300.0
     assert (nl.REPEATS, nl.REPEAT_WINDOW_S) == (3, 3600.0)
 
 
-def test_a_spot_notice_withdrawn_returns_at_once() -> None:
+def test_a_spot_notice_that_passes_returns_after_its_probation_and_stays_on_record() -> None:
+    """The notice's condition closed (withdrawn, or its deadline went by with the node up):
+    the node takes work again once its gate has passed for the notice's probation, and
+    the notice stays in its history for the hour (a third within it holds the node)."""
     notice = Cause("spot.notice:n:aws", "spot.notice", "aws: terminate by 10:00:00 UTC")
     t = Tour()
     t.see(0.0, notice)
-    assert inputs(t.see(5.0)) == [Input.CLOSED, Input.GATE_PASSED, Input.SERVED]
+    assert inputs(t.see(85.0)) == [Input.CLOSED, Input.GATE_PASSED]
+    assert t.see(144.0) == []
+    [served] = t.see(145.0)
+    assert served.input is Input.SERVED and served.probation_s == 60.0
+    assert served.fault is not None and served.fault.key == notice.key
+    assert [(f.key, f.evidence, f.closed_at) for f in t.life.faults] == [
+        (notice.key, notice.evidence, 85.0)
+    ]
 
 
 def test_probation_overrides() -> None:

@@ -157,6 +157,20 @@ def test_a_left_out_node_comes_back_after_its_time_or_a_healthy_restart() -> Non
     assert "node-1" in exclusion.left_out(job, nodes, 1050.0)  # restarted, but not healthy
 
 
+def test_a_left_out_node_comes_back_once_its_life_returns_it() -> None:
+    """Drained for the fault (a preemption notice, its loss) and returned by its own life
+    after a probation: back in the job at once, not when exclude_s runs out."""
+    job = record()
+    nodes = {"node-1": node("node-1")}
+    exclusion.leave_out(job, "node-1", "preemption notice", now=1000.0, agent_started_at=1.0)
+    nodes["node-1"].serving_since = 900.0  # returned before it was left out: no evidence
+    assert "node-1" in exclusion.left_out(job, nodes, 1050.0)
+    nodes["node-1"].serving_since = None  # drained, then on probation
+    assert "node-1" in exclusion.left_out(job, nodes, 1050.0)
+    nodes["node-1"].serving_since = 1120.0  # its probation passed: back
+    assert exclusion.left_out(job, nodes, 1121.0) == {}
+
+
 def test_a_node_that_faults_again_soon_is_left_out_longer_each_time() -> None:
     job = record()
     job.spec.policy.exclude_s = 100.0
