@@ -244,6 +244,8 @@ def _rewound(job: JobRecord, msg: Rewound, now: float) -> list[Outcome]:
     fault = numeric_policy.seen(job, msg, now)
     skipped = f"; data of steps {msg.skip_from}-{msg.skip_to - 1} skipped"
     ranks = ", ".join(map(str, msg.ranks))
+    if msg.nonfinite > len(msg.ranks):
+        ranks += f" … ({msg.nonfinite} ranks in all)"
     where = f"; non-finite on rank {ranks}" if ranks else ""
     where += f" ({fault.node} alone)" if fault.node else ""
     said = JobRewound(

@@ -40,7 +40,7 @@ def seen(job: JobRecord, msg: Rewound, now: float) -> NumericFault:
     fault = NumericFault(
         step=msg.from_step,
         position=msg.skip_to - 1 if msg.skip_to > msg.skip_from else None,
-        node=suspect(job, msg.ranks),
+        node=suspect(job, msg.ranks) if msg.nonfinite <= len(msg.ranks) else "",
         reason=msg.reason,
         at=now,
     )

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from proto.progress import Rewound
+from proto.progress import RANKS_SAID, Rewound
 from proto.recurrence import NumericFault as Seen
 from proto.recurrence import recurring
 
@@ -98,13 +98,17 @@ class Rewind:
     reason: str
 
     def message(self, ranks: list[int]) -> Rewound:
+        """The report, naming the lowest :data:`proto.progress.RANKS_SAID` of ``ranks``
+        (a diverging model makes every rank's loss non-finite, and a report must stay a
+        small message however large the job)."""
         return Rewound(
             step=self.step,
             from_step=self.from_step,
             skip_from=self.skip_from,
             skip_to=self.skip_to,
             reason=self.reason,
-            ranks=ranks,
+            ranks=ranks[:RANKS_SAID],
+            nonfinite=len(ranks),
         )
 
 

@@ -134,6 +134,12 @@ def test_the_suspect_is_one_node_of_several() -> None:
     assert numeric_policy.suspect(job(nodes=1), [0]) == ""  # the only node: no telling
 
 
+def test_more_non_finite_ranks_than_a_report_names_are_not_one_nodes() -> None:
+    j = job(nodes=3)
+    msg = Rewound(step=7, from_step=10, skip_from=7, skip_to=11, ranks=[2, 3], nonfinite=70)
+    assert numeric_policy.seen(j, msg, T0).node == ""
+
+
 def test_the_record_keeps_at_most_its_share() -> None:
     j = job()
     for k in range(numeric_policy.KEEP + 10):

@@ -132,7 +132,9 @@ def test_a_rewind_skips_everything_trained_since_the_checkpoint() -> None:
     assert (first.skip_from, first.skip_to, first.offset) == (10, 13, 3)
     message = first.message([0])
     assert (message.step, message.from_step, message.skip_from, message.skip_to) == (10, 13, 10, 13)
-    assert message.ranks == [0]
+    assert (message.ranks, message.nonfinite) == ([0], 1)
+    everyone = first.message(list(range(1000)))  # a diverging model on a large job
+    assert everyone.ranks == list(range(64)) and everyone.nonfinite == 1000
     # steps 10, 11 now train on data positions 13, 14; a fault at index 11 skips those too
     second = plan(10, 11, first.offset, "again")
     assert (second.skip_from, second.skip_to, second.offset) == (13, 15, 5)
