@@ -34,15 +34,23 @@ def hung(job: JobRecord, node: str, now: float) -> None:
     job.hung_at[node] = [*recent, now]
 
 
-def leave_out(job: JobRecord, node: str, reason: str, now: float, agent_started_at: float) -> None:
+def leave_out(job: JobRecord, node: str, reason: str, now: float, info: NodeInfo | None) -> None:
+    """Leave ``node`` out of ``job`` for ``reason`` (``info``: what the registry knows of
+    it). Twice as long as the last time when it faults again within one such period of
+    coming back; afresh when its own life returned it since (drained for a cause, its
+    probation served: its life counts the repeats that matter, three of a kind in an hour
+    holding it, and a preemption notice that passed is no fault of the node)."""
     base = job.spec.policy.exclude_s
     prev = job.excluded.get(node)
+    started = info.agent_started_at if info is not None else 0.0
+    returned = info is not None and prev is not None and (info.serving_since or 0.0) > prev.since
     count = 1
-    if prev is not None and now - prev.until < base * 2 ** min(prev.count, MAX_DOUBLINGS):
+    soon = prev is not None and now - prev.until < base * 2 ** min(prev.count, MAX_DOUBLINGS)
+    if prev is not None and soon and not returned:
         count = prev.count + 1  # it faults again soon after it came back
     span = base * 2 ** min(count - 1, MAX_DOUBLINGS)
     job.excluded[node] = Exclusion(
-        reason=reason, since=now, until=now + span, count=count, agent_started_at=agent_started_at
+        reason=reason, since=now, until=now + span, count=count, agent_started_at=started
     )
 
 

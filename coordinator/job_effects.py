@@ -144,10 +144,7 @@ class JobEffects:
                 return
             job.restarts += 1
         for node in action.exclude:
-            started = (
-                self.registry.nodes[node].agent_started_at if node in self.registry.nodes else 0.0
-            )
-            exclusion.leave_out(job, node, action.reason, now, started)
+            exclusion.leave_out(job, node, action.reason, now, self.registry.nodes.get(node))
         charge_detection(job, now)
         job.failed_at_step, job.reason, job.stop_graceful = job.step, action.reason, action.graceful
         job_machine.fire(job, Input.FAULT)
