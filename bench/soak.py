@@ -7,10 +7,12 @@ temporary directory, removed at the end, unless ``--dir``), one 2-node
 ``examples/tiny.toml`` job with ``job.spares=1`` and ``job.min_nodes=1`` (it may shrink),
 enough steps to train the whole soak. Once it trains, a fault every S seconds, drawn by
 the seed from the whole mix (``bench/soak_plan.py``): rank kill, node loss (the node back
-25 s later), hang, straggler, spot notice, NVMe latency spike, clock offset, non-finite
-loss, leader ``kill -9`` (started again as a standby), a 12 s bus freeze (nats-server
-SIGSTOP, then SIGCONT) and an agent restart followed 10 s later by a rank kill on its
-node. Node faults hit one of the job's current nodes (``status --json JOB``).
+25 s later), hang, straggler, spot notice (withdrawn 10 s after its deadline), a spot
+notice that passes (never withdrawn, the machine never taken), NVMe latency spike, clock
+offset, non-finite loss, leader ``kill -9`` (started again as a standby), a 12 s bus
+freeze (nats-server SIGSTOP, then SIGCONT) and an agent restart followed 10 s later by a
+rank kill on its node. Node faults hit one of the job's current nodes (``status --json
+JOB``).
 
 A lost node is repaired with ``inject NODE restart-agent``, which starts a dead agent
 again as it was last started (the node's simulator is the cluster's one, and lives on);
@@ -20,10 +22,13 @@ and started again with the command line ``up`` gave it (read from ``/proc`` firs
 Per fault, one line: when, what, where, the job's reaction (the ``job.*`` kinds in the
 event stream until the next fault) and the seconds back to training (the ranks' own log
 lines: the first step of an attempt started after the fault, else the first step after
-it). At the end: the job's state, its restarts around each fault, the goodput ledger,
-the productive share of GPU time and the longest stretch without a step while the job
-was neither paused nor waiting for nodes. Exit 1 if the job failed or was stuck (such a
-stretch over 30 s). Everything is brought down at the end, on Ctrl-C and on error too.
+it). At the end: the job's state, its restarts and rewinds, its restarts around each
+fault, the goodput ledger, the productive share of GPU time and the longest stretch
+without a step while the job was neither paused nor waiting for nodes; then, once every
+live node is ready or held for a person (at most 180 s), every node's state and, for each
+live one not ready, why. Exit 1 if the job failed or was stuck (such a stretch over 30 s)
+or a live node was left neither ready nor held. Everything is brought down at the end,
+on Ctrl-C and on error too.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from bench.cluster_harness import TINY, Ctl, read_records, wait_for
 from bench.soak_plan import (
     BENCH_ACTIONS,
     CLUSTER_FAULTS,
+    SETTLE_S,
     Planned,
     actions,
     back_to_training,
@@ -59,7 +65,7 @@ from bench.soak_plan import (
     target,
 )
 from bench.soak_report import report
-from bench.soak_watch import Events, Sampler, leftovers
+from bench.soak_watch import Events, Sampler, leftovers, settle
 from coordinator.ctl.home import pid_file
 from coordinator.ctl.spawn import spawn
 from ringmaster.procs import read_pid
@@ -307,10 +313,12 @@ def main() -> int:
         soak = Soak(ctl, job, sampler, events)
         plan = schedule(args.minutes, args.every, args.seed)
         print(f"job {job} trains; {len(plan)} faults", flush=True)
-        out = report(soak, soak.run(plan, args.minutes), args)
+        faults = soak.run(plan, args.minutes)
+        nodes, waited = settle(ctl, SETTLE_S)
+        out = report(soak, faults, args, nodes, waited)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2, default=str))
-        return 1 if out["stuck"] or out["job"]["state"] == "failed" else 0
+        return 1 if out["stuck"] or out["unsettled"] or out["job"]["state"] == "failed" else 0
     except KeyboardInterrupt:
         print("interrupted: bringing the cluster down", file=sys.stderr)
         return 130

@@ -24,6 +24,9 @@ RANK_KILL_S = 10.0  # after an agent restart, one of its ranks is killed this lo
 NVME_S = 10.0  # an NVMe latency spike lasts this long
 UNDO_S = 20.0  # a straggler or a clock offset is undone after this long, if not handled
 STUCK_S = 30.0  # longer than this without a step (not paused, not waiting): stuck
+# s: at the end, how long the nodes get to be ready again (a notice that passed: its
+# deadline, the agent's minute, its probation; a lost node: its repair and probation)
+SETTLE_S = 180.0
 
 # fault → (low, high) of its drawn value, or None where it takes none
 MIX: dict[str, tuple[float, float] | None] = {
@@ -31,7 +34,8 @@ MIX: dict[str, tuple[float, float] | None] = {
     "node-loss": None,
     "hang": None,
     "straggler": (2.0, 6.0),  # slow=F
-    "spot-notice": (10.0, 25.0),  # seconds to the preemption
+    "spot-notice": (10.0, 25.0),  # seconds to the preemption, withdrawn 10 s after it
+    "notice-passes": (10.0, 25.0),  # the same, never withdrawn: the machine is not taken
     "nvme-spike": (500.0, 5000.0),  # µs
     "clock-offset": (20.0, 200.0),  # ms, either sign
     "nan-loss": None,
@@ -88,6 +92,8 @@ def actions(p: Planned) -> tuple[str, list[tuple[float, str]]]:
             return f"slow={v}", [(UNDO_S, "slow=1")]
         case "spot-notice":
             return f"spot-notice={v}", [(p.value + 10.0, "clear")]
+        case "notice-passes":
+            return f"spot-notice={v}", []  # the agent finds it passed, a minute on
         case "nvme-spike":
             return f"nvme-latency={v}", [(NVME_S, "clear")]
         case "clock-offset":
@@ -174,6 +180,24 @@ def longest_stall(
         if b - run > best:
             best, began = b - run, run
     return round(best, 2), began
+
+
+def not_ready(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The live nodes (their agents beating: not away, not lost) that are not ready, each
+    with its state, whether it is held for a person, and why (``why``: the status table's
+    notes, given by the caller)."""
+    return [
+        {"node": n["id"], "state": n["state"], "held": bool(n.get("held")), "why": n["why"]}
+        for n in nodes
+        if n["state"] not in ("ready", "away", "lost")
+    ]
+
+
+def unsettled(nodes: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Of :func:`not_ready`, those nothing deliberate keeps out: a node held for a person
+    is a verdict on repeated faults (the soak may well inject three on one node), one still
+    draining or degraded after :data:`SETTLE_S` is a node the soak left behind."""
+    return [n for n in not_ready(nodes) if not n["held"]]
 
 
 def positive(text: str) -> float:

@@ -1,6 +1,7 @@
-"""The end of ``bench/soak.py``: the job's state, each fault's restarts and time back to
-training (counted again now, so that an attempt that came only after the next fault
-counts), the goodput ledger, the productive share and the longest stall."""
+"""The end of ``bench/soak.py``: the job's state, restarts and rewinds, each fault's
+restarts and time back to training (counted again now, so that an attempt that came only
+after the next fault counts), the goodput ledger, the productive share, the longest stall,
+and every node's state at the end, with why for each live node that is not ready."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from bench.cluster_harness import read_records
-from bench.soak_plan import STUCK_S, cost_by_fault, longest_stall
+from bench.soak_plan import STUCK_S, cost_by_fault, longest_stall, not_ready, unsettled
 
 if TYPE_CHECKING:
     from bench.soak import Soak
 
 
-def report(soak: Soak, faults: list[dict[str, Any]], args: Any) -> dict[str, Any]:
+def report(
+    soak: Soak, faults: list[dict[str, Any]], args: Any, nodes: list[dict[str, Any]], waited: float
+) -> dict[str, Any]:
+    """Printed and returned; ``nodes``: each node at the end, as :func:`bench.soak_watch.
+    settle` left them, ``waited`` seconds after the last fault's window."""
     final, t0 = soak.ctl.status(soak.job), soak.t0
     goodput: dict[str, float] = final["goodput"]
     total = sum(goodput.values())
@@ -22,7 +27,7 @@ def report(soak: Soak, faults: list[dict[str, Any]], args: Any) -> dict[str, Any
     stall, began = longest_stall(steps, soak.sampler.excused(), t0, time.time())
     out = {
         "settings": {"minutes": args.minutes, "every": args.every, "seed": args.seed},
-        "job": {k: final.get(k) for k in ("id", "state", "step", "restarts", "reason")},
+        "job": {k: final.get(k) for k in ("id", "state", "step", "restarts", "rewinds", "reason")},
         "faults": faults,
         "goodput": goodput,
         "productive_share": round(goodput.get("productive", 0.0) / total, 3) if total else None,
@@ -30,7 +35,12 @@ def report(soak: Soak, faults: list[dict[str, Any]], args: Any) -> dict[str, Any
         "longest_stall_at_s": round(began - t0, 1),
     }
     out["stuck"] = stall > STUCK_S
-    print(f"\njob {final['state']} at step {final['step']}, restarts {final['restarts']}")
+    out["nodes"] = [{k: n.get(k) for k in ("id", "state", "held", "why")} for n in nodes]
+    out["not_ready"], out["unsettled"] = not_ready(nodes), unsettled(nodes)
+    print(
+        f"\njob {final['state']} at step {final['step']}, restarts {final['restarts']}, "
+        f"rewinds {final.get('rewinds', 0)}"
+    )
     if final.get("reason"):
         print(f"  reason: {final['reason']}")
     for f in faults:  # the attempts that came after the next fault count too
@@ -52,4 +62,12 @@ def report(soak: Soak, faults: list[dict[str, Any]], args: Any) -> dict[str, Any
         f"longest stretch without a step (not paused, not waiting for nodes): {stall:.1f} s, "
         f"from {began - t0:.0f} s" + (" — stuck" if out["stuck"] else "")
     )
+    states = ", ".join(
+        f"{n['id']} {n['state']}" + (" (held)" if n.get("held") else "") for n in nodes
+    )
+    print(f"nodes at the end ({waited:.0f} s after the last fault's window): {states}")
+    if not out["not_ready"]:
+        print("every live node is ready")
+    for n in out["not_ready"]:
+        print(f"  not ready: {n['node']} {n['state']}{', held' if n['held'] else ''}: {n['why']}")
     return out

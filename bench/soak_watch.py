@@ -1,5 +1,6 @@
 """What ``bench/soak.py`` watches while it injects: the job record (sampled), the
-cluster's event stream (followed), and, at the end, any process ``down`` left behind."""
+cluster's event stream (followed), and, at the end, the nodes settling and any process
+``down`` left behind."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster_harness import Ctl
+from bench.soak_plan import unsettled
+from coordinator.ctl.status import node_notes
 
 SAMPLE_S = 3.0  # how often the job record is read
 EXCUSED = ("paused", "pending")  # states in which no step is no stall
@@ -100,6 +103,18 @@ class Events(threading.Thread):
             if self.proc is not None:
                 self.proc.terminate()
                 self.proc.wait()
+
+
+def settle(ctl: Ctl, limit_s: float) -> tuple[list[dict[str, Any]], float]:
+    """Every node as ``status`` shows it (``why``: its notes), once every live one is
+    ready or held for a person, or after ``limit_s``; and the seconds it took."""
+    start = time.time()
+    while True:
+        nodes = [{**n, "why": node_notes(n)} for n in ctl.status()["nodes"]]
+        waited = time.time() - start
+        if not unsettled(nodes) or waited >= limit_s:
+            return nodes, round(waited, 1)
+        time.sleep(SAMPLE_S)
 
 
 def leftovers(home: Path) -> list[str]:

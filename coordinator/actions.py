@@ -1,6 +1,7 @@
 """What the fault policy decides and the job manager carries out: one frozen dataclass per
-kind of action, their union :data:`Action`. Pure data; :mod:`coordinator.policy` and
-:mod:`coordinator.progress_policy` make them, :mod:`coordinator.job_effects` applies them."""
+kind of action, their union :data:`Action`. Pure data; :mod:`coordinator.policy`,
+:mod:`coordinator.progress_policy` and :mod:`coordinator.numeric_policy` make them,
+:mod:`coordinator.job_effects` applies them."""
 
 from __future__ import annotations
 
@@ -90,6 +91,16 @@ class DrainNode:
 
 
 @dataclass(frozen=True)
+class HoldNode:
+    """Hold ``node`` for a person: its ranks alone computed non-finite values again and
+    again (``evidence``: the faults), which no health gate can see
+    (:func:`coordinator.node_verbs.hold`)."""
+
+    node: str
+    evidence: str
+
+
+@dataclass(frozen=True)
 class ResyncNode:
     node: str
     reason: str
@@ -124,6 +135,7 @@ Action = (
     | RefuseNode
     | DeclareLost
     | DrainNode
+    | HoldNode
     | ResyncNode
     | Unheeded
     | FinishJob

@@ -88,6 +88,8 @@ class JobEffects:
                 self.registry.declare_lost(node, reason)  # the leader's sweep says it
             case actions.DrainNode(node=node, key=key, reason=reason):
                 self.registry.drain(node, key, reason)
+            case actions.HoldNode(node=node, evidence=evidence):
+                self.registry.hold(node, evidence)
             case actions.ResyncNode(node=node, reason=reason):
                 await self._resync(node, reason)
         if job is None:
@@ -142,10 +144,7 @@ class JobEffects:
                 return
             job.restarts += 1
         for node in action.exclude:
-            started = (
-                self.registry.nodes[node].agent_started_at if node in self.registry.nodes else 0.0
-            )
-            exclusion.leave_out(job, node, action.reason, now, started)
+            exclusion.leave_out(job, node, action.reason, now, self.registry.nodes.get(node))
         charge_detection(job, now)
         job.failed_at_step, job.reason, job.stop_graceful = job.step, action.reason, action.graceful
         job_machine.fire(job, Input.FAULT)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from coordinator import actions, hang_verdict, job_machine, policy
+from coordinator import actions, exclusion, hang_verdict, job_machine, policy
 from coordinator.job_books import Books
 from coordinator.job_effects import Outcome
 from coordinator.loss_verdict import AwaitedVerdicts, evidence_at
@@ -127,8 +127,8 @@ class AgentEvents:
 
     def _record(self, job: JobRecord, books: Books, event: WorkerExited | WorkerHung) -> None:
         if isinstance(event, WorkerHung):
-            node = event.node or "?"
-            job.hangs[node] = job.hangs.get(node, 0) + 1
+            if job.state in job_machine.LIVE:  # an attempt being given up already counted its hang
+                exclusion.hung(job, event.node or "?", self.clock.time())
         else:
             code = event.exit_code if event.exit_code is not None else -(event.signal or 255)
             job.exited_ranks[str(event.rank)] = code

@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 
 from proto.job import Failure, JobRecord, JobState
+from proto.recurrence import same_place_steps
 
 P, S, R, PA, C, RE = (
     JobState.PENDING,
@@ -107,7 +108,7 @@ def fire(job: JobRecord, what: Input) -> Row | None:
 
 def near(job: JobRecord) -> int:
     """How many steps apart two failures of one rank still count as "the same place"."""
-    return max(10, job.spec.checkpoint.every_steps)
+    return same_place_steps(job.spec.checkpoint.every_steps)
 
 
 def same_cause(job: JobRecord, a: Failure, b: Failure) -> bool:
@@ -152,8 +153,3 @@ def trained_to(job: JobRecord, step: int) -> None:
 def describe(failure: Failure) -> str:
     who = f"rank {failure.rank} on {failure.node}" if failure.rank is not None else failure.node
     return f"{who}: {failure.cause} near step {failure.step}"
-
-
-def rewind_spent(job: JobRecord) -> bool:
-    """``job.rewinds`` already counts the newest numeric fault."""
-    return job.rewinds > job.spec.policy.max_rewinds

@@ -6,7 +6,7 @@ are the policy's and the state machine's. No I/O, no clock but the one passed in
 
 from __future__ import annotations
 
-from coordinator import actions, job_machine, loop_support, policy, progress_policy
+from coordinator import actions, job_machine, loop_support, numeric_policy, policy, progress_policy
 from coordinator.goodput import (
     account,
     began_training,
@@ -111,7 +111,7 @@ def take(job: JobRecord, books: Books, msg: Progress, sender: str, clock: Clock)
         case BandwidthChecked():
             return _bandwidth(job, msg)
         case Rewound():
-            return _rewound(job, msg)
+            return _rewound(job, msg, clock.time())
         case Stragglers():
             seen = books.attempt(job.attempt)
             before, seen.slow = seen.slow, set(progress_policy.slow_ranks(job, msg))
@@ -238,10 +238,16 @@ def _bandwidth(job: JobRecord, msg: BandwidthChecked) -> list[Outcome]:
     return [said, *decided]
 
 
-def _rewound(job: JobRecord, msg: Rewound) -> list[Outcome]:
+def _rewound(job: JobRecord, msg: Rewound, now: float) -> list[Outcome]:
     job.rewinds += 1
     job.step = msg.step
+    fault = numeric_policy.seen(job, msg, now)
     skipped = f"; data of steps {msg.skip_from}-{msg.skip_to - 1} skipped"
+    ranks = ", ".join(map(str, msg.ranks))
+    if msg.nonfinite > len(msg.ranks):
+        ranks += f" … ({msg.nonfinite} ranks in all)"
+    where = f"; non-finite on rank {ranks}" if ranks else ""
+    where += f" ({fault.node} alone)" if fault.node else ""
     said = JobRewound(
         job=job.id,
         severity=Severity.WARNING,
@@ -251,10 +257,13 @@ def _rewound(job: JobRecord, msg: Rewound) -> list[Outcome]:
         skip_to=msg.skip_to,
         reason=msg.reason,
         rewinds=job.rewinds,
+        ranks=list(msg.ranks),
+        suspect=fault.node,
         message=f"{msg.reason} at step {msg.from_step}: back to step {msg.step}"
-        + (skipped if msg.skip_to > msg.skip_from else ""),
+        + (skipped if msg.skip_to > msg.skip_from else "")
+        + where,
     )
-    return [said, *progress_policy.on_rewound(job, msg)]
+    return [said, *numeric_policy.judge(job, fault)]
 
 
 def _given_up_speaks(job: JobRecord, attempt: int, sender: str) -> bool:

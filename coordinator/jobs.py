@@ -29,6 +29,7 @@ from coordinator import (
     hang_verdict,
     job_api,
     job_progress,
+    placement_policy,
     policy,
     progress_policy,
 )
@@ -158,7 +159,7 @@ class JobManager:
         if job.state in (JobState.PENDING, JobState.RECOVERING):
             if job.stopping_attempt or job.stopping:
                 return  # its last attempt is still stopping
-            for action in policy.waited_too_long(job, now):
+            for action in placement_policy.waited_too_long(job, now):
                 await self.effects.apply(job, action)
             if not job.state.terminal and not self.table.busy(job.id, "launch"):
                 self.table.spawn(job.id, "launch", self.start_pending(job))

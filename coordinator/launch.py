@@ -16,7 +16,7 @@ import structlog
 from coordinator import exclusion, loop_support
 from coordinator.commander import CommandSender
 from coordinator.job_machine import Input, fire
-from coordinator.policy import allocation_wait, minimum_nodes
+from coordinator.placement_policy import allocation_wait, minimum_nodes
 from coordinator.registry import Registry
 from coordinator.rendezvous import admit, plan
 from coordinator.resume_point import Tier, expected_resume

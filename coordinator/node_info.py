@@ -38,10 +38,15 @@ class NodeInfo:
     cordoned_by: str = ""
     held: bool = False
     probation_until: float | None = None
+    # when its life last returned it to service (wall seconds; None: not serving)
+    serving_since: float | None = None
     slurm_cause: tuple[str, str] | None = None
     # the coordinator's own judgements on an open condition (a clock a resync could not
     # bring back): key → evidence, a cause of a drain while that condition stays open
     judged: dict[str, str] = field(default_factory=dict)
+    # the coordinator's verdict that holds the node for a person (its ranks alone computed
+    # non-finite values again and again): the evidence, until the node keeper has taken it
+    hold_for: str = ""
     slurm_drain: str = ""  # a drain in Slurm someone else set: its reason
     lost_reason: str = ""  # why it was declared lost, besides its silence
     # while away: when a job last showed its ranks there still stepping (coordinator's

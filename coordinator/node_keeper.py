@@ -17,17 +17,17 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import structlog
 
-from coordinator import node_life, node_view
+from coordinator import node_life, node_verbs, node_view
 from coordinator.cas import CasStore, Conflict
 from coordinator.life_store import LifeStore
 from coordinator.node_info import NodeInfo
 from coordinator.node_life import Cause, Effect, Evidence, Input, Step
 from coordinator.registry import Registry
 from proto.api import ApiReply, NodeControl
-from proto.conditions import Severity
+from proto.conditions import ConditionKind, Severity
 from proto.events import EventBase, NodeCordoned, NodeDrained, NodeReturned
 from proto.node import NodeState
-from proto.node_life import NodeLife, Phase
+from proto.node_life import Fault, NodeLife, Phase
 from ringmaster.clock import Clock
 
 log = structlog.get_logger()
@@ -101,13 +101,20 @@ class NodeKeeper:
     async def _step(self, node: NodeInfo, now: float) -> NodeLife | None:
         """The node's record brought up to what is known of it now; None when another
         leader has written it since."""
-        ev = evidence(node)
+        ev, verdict = evidence(node), node.hold_for
         life = self.lives.get(node.id)
-        if life is None and not ev.causes:
+        if life is None and not ev.causes and not verdict:
             return NodeLife(node=node.id, since=now)  # serving, and nothing to change that
         life = life or NodeLife(node=node.id, since=now)
         new, steps = node_life.step(life, ev, now, self.probation)
-        return new if await self._carry(node.id, new, steps, now) else None
+        if verdict:
+            new, held = node_verbs.hold(new, verdict, now)
+            steps += held
+        if not await self._carry(node.id, new, steps, now):
+            return None
+        if node.hold_for == verdict:
+            node.hold_for = ""  # taken: on record, said once
+        return new
 
     async def control(self, req: NodeControl) -> ApiReply:
         """An operator's ``cordon``, ``drain`` or ``undrain``: refused (``ok`` false) for
@@ -125,7 +132,7 @@ class NodeKeeper:
                 life = await self._step(node, now)
             if life is None:
                 return ApiReply(ok=False, error="another coordinator leads now; try again")
-            new, steps, note = node_life.command(life, req.action, req.by, req.reason, now)
+            new, steps, note = node_verbs.command(life, req.action, req.by, req.reason, now)
             if not await self._carry(req.node, new, steps, now):
                 return ApiReply(ok=False, error="another coordinator leads now; try again")
         if req.action == "undrain" and new.phase is not Phase.SERVING:
@@ -164,6 +171,7 @@ class NodeKeeper:
         node.cordoned_by = life.cordon.by if life.cordon else ""
         node.held = life.phase is Phase.HELD
         node.probation_until = node_view.probation_until(life)
+        node.serving_since = life.since if serving else None
         node.slurm_cause = node_view.slurm_cause(life)
         node.settle()
 
@@ -183,8 +191,11 @@ class NodeKeeper:
                     said = f"held for a person: {life.held}; undrain it to return it"
                 await self._publish(event, node, said)
             case Effect.RETURNED if s.input is Input.SERVED and fault is not None:
+                ended = "closed"
+                if fault.kind == ConditionKind.PREEMPTION and not _lost_since(life, fault):
+                    ended = "passed with the node still up"  # the notice was not carried out
                 evidence = (
-                    f"{fault.key} closed ({fault.evidence}); its health gate passed for "
+                    f"{fault.key} {ended} ({fault.evidence}); its health gate passed for "
                     f"{s.probation_s:g} s"
                 )
                 event = NodeReturned(
@@ -213,3 +224,8 @@ class NodeKeeper:
             await self.publish(event)
         except Exception as exc:  # saved and shown already: the event is the lesser part
             log.warning("node life event not published", node=node, error=repr(exc))
+
+
+def _lost_since(life: NodeLife, fault: Fault) -> bool:
+    """Whether the node was lost after ``fault`` opened (a notice carried out)."""
+    return any(f.kind == node_life.LOST and f.opened_at >= fault.opened_at for f in life.faults)

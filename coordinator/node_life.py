@@ -12,7 +12,11 @@ open warning or critical condition: what ``nodeagent --health-gate`` answers Slu
 passed for the probation of the kinds it was drained for (:data:`PROBATION_S`); a gate
 that fails meanwhile starts it again. The same kind of fault :data:`REPEATS` times within
 :data:`REPEAT_WINDOW_S` holds the node for a person: drained, whatever its conditions,
-until ``undrain``. A cordon only stops new placements.
+until ``undrain``. So does the coordinator's verdict on the numbers a node computes (its
+ranks alone non-finite, again and again: :mod:`coordinator.numeric_policy`), at once: its
+health gate cannot see arithmetic, so no probation could clear it. A cordon only stops new
+placements. The inputs that are not the node's evidence (an operator's verbs, that
+verdict) are :mod:`coordinator.node_verbs`'.
 
 Each threshold has this one owner; ``coordinator --probation KIND=S`` overrides a kind's
 probation (:func:`parse_probation`).
@@ -27,9 +31,10 @@ from enum import StrEnum
 
 import msgspec
 
-from proto.node_life import Fault, Mark, NodeLife, Phase
+from proto.node_life import Fault, NodeLife, Phase
 
 LOST = "node.lost"  # the cause key (and kind) of a node declared lost
+NUMERIC = "numeric"  # the cause key (and kind) of a node held for computing wrong numbers
 OPERATOR = "operator"  # the Slurm reason's key of an operator's drain
 # s: how long a node's health gate must pass, after the last cause it was drained for
 # closed, before it takes work again; by the kind of cause (the longest of its drain's)
@@ -39,7 +44,9 @@ PROBATION_S: Mapping[str, float] = {
     "topology.degraded": 300.0,  # a link retrained: watch it hold
     "net.link": 120.0,  # flaps within it open net.flap and the gate fails
     "clock.drift": 120.0,
-    "spot.notice": 0.0,  # a notice withdrawn: nothing was wrong with the machine
+    # a notice withdrawn or gone by with the machine still up: nothing was wrong with it,
+    # but a provider that reclaims it late does so before it takes work again
+    "spot.notice": 60.0,
     LOST: 60.0,  # back from a reboot or a long outage: its first checks in
 }
 DEFAULT_PROBATION_S = 300.0  # any other critical condition
@@ -58,6 +65,7 @@ class Input(StrEnum):
     DRAIN = "drain"  # the operator's
     UNDRAIN = "undrain"  # the operator's, nothing else open
     UNDRAIN_OPEN = "undrain_open"  # the operator's, a cause still open: that stays
+    HOLD = "hold"  # the coordinator's verdict on what the node computed: held at once
     CORDON = "cordon"
     UNCORDON = "uncordon"
 
@@ -104,6 +112,8 @@ TABLE: dict[tuple[Phase, Input], Row] = {
     (H, Input.DRAIN): Row(H, (E.SAVE, E.DRAINED, E.EVACUATE)),
     (H, Input.UNDRAIN): Row(S, (E.SAVE, E.RETURNED)),
     (H, Input.UNDRAIN_OPEN): Row(D, (E.SAVE,)),
+    **{(phase, Input.HOLD): Row(H, (E.SAVE, E.HELD)) for phase in (S, D, P)},
+    (H, Input.HOLD): Row(H, (E.SAVE,)),
     **{(phase, Input.CORDON): Row(phase, (E.SAVE, E.CORDONED)) for phase in Phase},
     **{(phase, Input.UNCORDON): Row(phase, (E.SAVE, E.CORDONED)) for phase in Phase},
 }
@@ -162,7 +172,7 @@ def step(
     untouched."""
     if not ev.known:
         return life, []
-    life = _copy(life)
+    life = copy_of(life)
     steps: list[Step] = []
     _forget_old(life, now)
     current = {c.key: c for c in ev.causes}
@@ -221,41 +231,8 @@ def _probation(
             return []
     last = max(life.faults, key=lambda f: f.closed_at or 0.0, default=None)
     served = fire(life, Input.SERVED, now, fault=last)
-    _serve(life)
+    serve(life)
     return [*passed, served]
-
-
-def command(
-    life: NodeLife, action: str, by: str, reason: str, now: float
-) -> tuple[NodeLife, list[Step], str]:
-    """An operator's ``cordon``, ``drain`` or ``undrain`` of the node; the new record,
-    the steps, and a note on what it did not change ("" when it did all it says)."""
-    life = _copy(life)
-    by = by or "operator"
-    match action:
-        case "cordon":
-            if life.cordon is not None:
-                return life, [], f"already cordoned by {life.cordon.by}"
-            life.cordon = Mark(by=by, since=now, reason=reason)
-            return life, [fire(life, Input.CORDON, now, by=by)], ""
-        case "drain":
-            life.drain = Mark(by=by, since=now, reason=reason)
-            return life, [fire(life, Input.DRAIN, now, by=by)], ""
-    steps = []
-    if life.cordon is not None:
-        life.cordon = None
-        steps.append(fire(life, Input.UNCORDON, now, by=by))
-    if life.phase is Phase.SERVING:
-        return life, steps, "" if steps else "it was neither drained nor cordoned"
-    life.drain, life.held = None, ""
-    life.faults = open_faults(life)  # a person vouches for it: its history starts again
-    life.episode = [f.kind for f in life.faults]
-    if opened := open_faults(life):
-        steps.append(fire(life, Input.UNDRAIN_OPEN, now, fault=opened[0], by=by))
-        return life, steps, f"it stays drained for {opened[0].key}: {opened[0].evidence}"
-    steps.append(fire(life, Input.UNDRAIN, now, by=by))
-    _serve(life)
-    return life, steps, ""
 
 
 def history(faults: Sequence[Fault]) -> str:
@@ -280,7 +257,7 @@ def parse_probation(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def _serve(life: NodeLife) -> None:
+def serve(life: NodeLife) -> None:
     life.episode, life.probation_s, life.probation_from = [], 0.0, None
 
 
@@ -304,7 +281,7 @@ def _forget_old(life: NodeLife, now: float) -> None:
     ]
 
 
-def _copy(life: NodeLife) -> NodeLife:
+def copy_of(life: NodeLife) -> NodeLife:
     return msgspec.convert(msgspec.to_builtins(life), NodeLife)
 
 

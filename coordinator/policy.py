@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from coordinator import loop_support, network_culprit
+from coordinator import loop_support, network_culprit, node_life
 from coordinator.actions import (
     Action,
     DeclareLost,
     DrainNode,
-    FinishJob,
     PauseJob,
     RestartJob,
     ResumeJob,
@@ -36,7 +35,7 @@ from proto.events import (
     WorkerExited,
     WorkerHung,
 )
-from proto.job import Failure, JobRecord, JobState
+from proto.job import Failure, JobRecord
 from proto.progress import Reaction
 
 
@@ -102,9 +101,10 @@ def decide(
             ]
         case WorkerHung(node=str(node), rank=rank, step=step, evidence=evidence):
             why = f"rank {rank} on {node} hung after step {step} ({evidence})"
-            repeated = job.hangs.get(node, 0) >= 2
+            repeated = len(hangs := job.hung_at.get(node, [])) >= 2
             if repeated:
-                why += f"; {node} hung {job.hangs[node]} times, left out"
+                window = node_life.REPEAT_WINDOW_S
+                why += f"; {node} hung {len(hangs)} times within {window:g} s, left out"
             failure = Failure(node=node, rank=rank, cause="hang", step=job.step)
             return [RestartJob(why, (node,) if repeated else (), failure)]
         case NodeAway() if progressing:
@@ -210,19 +210,6 @@ def relaunched(job: JobRecord, active: dict[str, Condition]) -> list[Action]:
     return actions
 
 
-def minimum_nodes(job: JobRecord) -> int:
-    """The fewest nodes the job's next attempt may run on: ``[job] min_nodes`` once it has
-    run (a first start waits for all its nodes), unless its checkpoints cannot load at
-    another world size (DeepSpeed ZeRO-0's; ZeRO-1 to 3 reshard through DeepSpeed's
-    universal checkpoint)."""
-    spec = job.spec
-    if not job.attempt or spec.job.min_nodes is None:
-        return spec.job.nodes
-    if not spec.job.entry and spec.train.engine == "deepspeed" and spec.train.zero_stage == 0:
-        return spec.job.nodes
-    return spec.job.min_nodes
-
-
 def at_risk(job: JobRecord, node: str, window_s: float) -> str | None:
     """Why a preemption notice of ``window_s`` seconds on ``node`` may cost the job work:
     shorter than one step plus its measured checkpoint time. None: it fits (or nothing
@@ -250,44 +237,6 @@ def bounded_cadence(job: JobRecord) -> float | None:
     if loop_support.lacking(job, Reaction.CHECKPOINT) is not None:
         return None  # nobody could take those checkpoints
     return max(notice, took)
-
-
-def waited_too_long(job: JobRecord, now: float) -> list[Action]:
-    """A job that cannot run (too few healthy nodes) fails after ``wait_for_nodes_s``
-    with the reason it waited for, instead of waiting forever. Inside a scheduler's
-    allocation no other node can come, and an allocation held idle is wasted: a job that
-    cannot be placed there stops after :func:`allocation_wait` to be requeued (Slurm gives
-    the next run other nodes: those Ringmaster will not use are drained there too)."""
-    limit = job.spec.policy.wait_for_nodes_s
-    inside = allocation_wait(job)
-    if inside is not None:
-        limit = min(limit, inside)
-    if job.waiting_since is None or now - job.waiting_since < limit:
-        return []
-    why = job.reason or "not enough healthy nodes"
-    if job.allocation is not None and inside is not None:
-        go_on = "continue" if job.state is JobState.RECOVERING else "start"
-        said = f"cannot {go_on} inside Slurm job {job.allocation.job_id}'s allocation"
-        return [FinishJob(JobState.STOPPED, f"{said}: {why}; requeue it", requeue=True)]
-    return [FinishJob(JobState.FAILED, f"gave up after {limit:g} s {why}")]
-
-
-def allocation_wait(job: JobRecord) -> float | None:
-    """How long a job inside a scheduler's allocation waits to be placed there (None:
-    outside one, or not waiting to be placed): a restart :data:`ALLOCATION_WAIT_S`, a
-    first start :data:`ALLOCATION_START_WAIT_S`."""
-    if job.allocation is None:
-        return None
-    if job.state is JobState.RECOVERING:
-        return ALLOCATION_WAIT_S
-    return ALLOCATION_START_WAIT_S if job.state is JobState.PENDING else None
-
-
-# s: how long a restart inside a scheduler's allocation waits for its nodes (an agent's
-# restart fits in it)
-ALLOCATION_WAIT_S = 15.0
-# s: how long a first start inside one waits (agents starting with the allocation fit in it)
-ALLOCATION_START_WAIT_S = 60.0
 
 
 def operator_key(job_id: str) -> str:

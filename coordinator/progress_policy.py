@@ -1,7 +1,8 @@
 """Fault policy for what the ranks report of their progress: the preflight bandwidth,
-a numeric fault's rewind, stragglers, a stall with a node cut off, the ranks' exits. Pure
-functions from the job and a message to actions, as :mod:`coordinator.policy` is for
-conditions and agents' events; the job manager applies them."""
+stragglers, a stall with a node cut off, the ranks' exits (a numeric fault's rewind is
+:mod:`coordinator.numeric_policy`'s). Pure functions from the job and a message to
+actions, as :mod:`coordinator.policy` is for conditions and agents' events; the job
+manager applies them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from collections.abc import Mapping, Sequence
 
 from coordinator import network_culprit
 from coordinator.actions import Action, FinishJob, RefuseNode, ReportStraggler, RestartJob
-from coordinator.job_machine import LIVE, rewind_spent
+from coordinator.job_machine import LIVE
 from coordinator.reconcile import host_of
 from proto.conditions import Condition
 from proto.job import Failure, JobRecord, JobState
-from proto.progress import BandwidthChecked, Rewound, Stragglers, slow_nodes
+from proto.progress import BandwidthChecked, Stragglers, slow_nodes
 
 
 def on_bandwidth(job: JobRecord, msg: BandwidthChecked) -> list[Action]:
@@ -41,21 +42,6 @@ def on_bandwidth(job: JobRecord, msg: BandwidthChecked) -> list[Action]:
     return [
         *(RefuseNode(node, why) for node, why in reasons.items()),
         RestartJob("; ".join(reasons.values()), tuple(reasons)),
-    ]
-
-
-def on_rewound(job: JobRecord, msg: Rewound) -> list[Action]:
-    """The ranks went back to a good checkpoint after a numeric fault (``job.rewinds``
-    already counts it): past ``max_rewinds`` the job fails with the evidence."""
-    limit = job.spec.policy.max_rewinds
-    if not rewind_spent(job):
-        return []
-    return [
-        FinishJob(
-            JobState.FAILED,
-            f"numeric fault at step {msg.from_step} ({msg.reason}); "
-            f"{job.rewinds} rewinds, over the limit of {limit}",
-        )
     ]
 
 

@@ -239,3 +239,11 @@ class Registry:
         if node is not None and key in node.conditions:
             node.judged[key] = reason
             self.touched.add(node_id)
+
+    def hold(self, node_id: str, evidence: str) -> None:
+        """The coordinator's verdict on what the node computes (``evidence``): held for a
+        person at the node keeper's next look (:func:`coordinator.node_verbs.hold`)."""
+        node = self.nodes.get(node_id)
+        if node is not None:
+            node.hold_for = evidence
+            self.touched.add(node_id)

@@ -260,6 +260,7 @@ class Agent:
                         await self.emit(event)
                     if isinstance(detector, Unannounced):
                         for condition in detector.unannounced():
+                            log.info("condition closed", key=condition.key, msg=condition.reason)
                             self.active.apply(condition)
             took = self.clock.monotonic() - started
             await pause(entry.collector, max(0.0, interval - took))

@@ -445,6 +445,9 @@ class JobRewound(EventBase, tag="job.rewound"):
     skip_to: int = 0
     reason: str = ""
     rewinds: int = 0  # how many this job has had
+    ranks: list[int] = msgspec.field(default_factory=list)  # whose own loss was not finite
+    # the one node whose ranks alone computed non-finite values ("": none such)
+    suspect: str = ""
 
 
 class JobCompleted(EventBase, tag="job.completed"):

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from proto.progress import Reaction
+from proto.recurrence import NumericFault
 
 Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -154,9 +155,13 @@ class PolicySection(Config):
     # is at risk ahead of any notice: it says so (job.at_risk) and checkpoints every
     # max(notice, checkpoint time) seconds, so a notice costs at most that much work.
     preemption_notice_s: PositiveFloat | None = None
-    # Numeric faults (non-finite loss, gradient-norm explosion): rewind to the newest
-    # good checkpoint at most this many times, then fail the job with the evidence.
-    max_rewinds: NonNegative = 3
+    # Numeric faults (non-finite loss, gradient-norm explosion) rewind to the newest good
+    # checkpoint. One that comes back (within a checkpoint interval of steps, or on the
+    # same data) is rewound at most this many times: then, if its every return was on one
+    # node's ranks alone, that node is held and the job goes on without it, else the job
+    # fails with the evidence. The same holds for one node's faults within an hour, near
+    # or far apart. Faults far apart on different nodes each start afresh.
+    max_rewinds: NonNegative = 2
     # A gradient norm over this many times the median of the recent steps' is an
     # explosion (the trainer judges it).
     grad_norm_spike: Annotated[float, msgspec.Meta(gt=1)] = 50.0
@@ -337,7 +342,10 @@ class JobRecord(msgspec.Struct, kw_only=True):
     excluded: dict[str, Exclusion] = msgspec.field(default_factory=dict)
     spare_nodes: list[str] = msgspec.field(default_factory=list)  # held for it ([job] spares)
     failed_at_step: int = 0  # the step reached before the last restart (for lost_work)
-    rewinds: int = 0  # numeric faults the job went back from (job.rewound)
+    rewinds: int = 0  # numeric faults the job went back from (job.rewound), all of them
+    # the recent numeric faults the rewind budget compares (coordinator.numeric_policy):
+    # the last hour's, at most numeric_policy.KEEP
+    numeric_faults: list[NumericFault] = msgspec.field(default_factory=list)
     # seconds the newest periodic checkpoint took from its step to durable
     checkpoint_s: float | None = None
     # when the coordinator last asked for a checkpoint to bound a preemption's cost
@@ -352,8 +360,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     stopping_attempt: int = 0
     stop_graceful: bool = False  # that stop lets the ranks checkpoint at a boundary first
     given_up: GivenUp | None = None  # the attempt before the current one, until it trains
-    # hangs found per node (worker.hung): a node whose ranks hang twice is left out
-    hangs: dict[str, int] = msgspec.field(default_factory=dict)
+    # when the ranks of each node hung (worker.hung), the last hour's: a node whose ranks
+    # hang twice within it is left out (coordinator.policy)
+    hung_at: dict[str, list[float]] = msgspec.field(default_factory=dict)
     # a hang no node could pin, waiting for the network's word (coordinator.hang_verdict)
     held_hang: HeldHang | None = None
     # since when the job has waited for enough healthy nodes (policy.wait_for_nodes_s)

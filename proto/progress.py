@@ -79,6 +79,14 @@ class Rewound(ProgressBase, tag="rewound"):
     skip_from: int = 0
     skip_to: int = 0
     reason: str = ""
+    # the ranks whose own loss was not finite in the faulting step, as every rank found
+    # together, the lowest RANKS_SAID of them; empty where none was (a gradient-norm
+    # explosion) or the loop does not say; ``nonfinite``: how many in all
+    ranks: list[int] = msgspec.field(default_factory=list)
+    nonfinite: int = 0
+
+
+RANKS_SAID = 64  # a report names at most this many ranks: a node has fewer
 
 
 class Stragglers(ProgressBase, tag="stragglers"):

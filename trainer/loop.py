@@ -31,6 +31,7 @@ import torch
 
 from proto.job import JobSpec
 from proto.progress import Progress, StepDone
+from proto.recurrence import same_place_steps
 from ringmaster.rank.control import Decision, StepControl
 from ringmaster.rank.log import Log
 from ringmaster.rank.session import COMPLETED, NOTICED, STOPPED, Outcome, Session
@@ -101,7 +102,8 @@ class Trainer:
         policy = spec.policy  # numeric faults and stragglers (trainer.numeric, trainer.probe)
         self.position = DataPosition()
         self.guard = numeric.NumericGuard(policy.grad_norm_spike)
-        self.rewinds = numeric.Rewinds(policy.max_rewinds)
+        margin = same_place_steps(spec.checkpoint.every_steps)
+        self.rewinds = numeric.Rewinds(policy.max_rewinds, margin)
         self.probe = probe or StepProbe(engine.module, torch.device("cpu"))
         self.window = StragglerWindow(policy.straggler_window_steps) if self.rank == 0 else None
 
@@ -119,10 +121,14 @@ class Trainer:
         self.session.restore()
         self.session.announce()
 
-    def _rewind(self, reason: str) -> None:
+    def _rewind(self, reason: str, local_bad: bool, device: torch.device) -> None:
         """After a numeric fault in the step at ``self.step``, on every rank alike: back to
-        the newest durable checkpoint, skipping the data trained on since it."""
-        self.rewinds.admit(self.step + 1, reason)  # NumericFault once the budget is spent
+        the newest durable checkpoint, skipping the data trained on since it. ``local_bad``:
+        this rank's own loss was not finite."""
+        world = self.batches.layout.world_size
+        ranks = numeric.nonfinite_ranks(local_bad, self.rank, world, device)
+        # NumericFault once the same fault keeps coming back
+        self.rewinds.admit(self.step + 1, self.step + self.data_offset, reason)
         checkpointer = self.session.checkpointer
         assert checkpointer is not None
         # a persist in flight predates the fault: let it seal; then what the memory tier
@@ -133,8 +139,9 @@ class Trainer:
             raise numeric.no_checkpoint(self.step + 1, reason)
         rewind = numeric.plan(self.step, bad, offset, reason)
         self.position.offset = rewind.offset
-        self.log("rewound", **dataclasses.asdict(rewind), rewinds=self.rewinds.count)
-        self._send(rewind.message())
+        said = ",".join(map(str, ranks)) or "none"
+        self.log("rewound", **dataclasses.asdict(rewind), rewinds=self.rewinds.count, ranks=said)
+        self._send(rewind.message(ranks))
 
     def run(self) -> Outcome:
         """Train to the target step or until stopped; the outcome, once its final
@@ -172,8 +179,9 @@ class Trainer:
         if self.hooks.trace_dir is not None:
             self._trace(loss)
         if (fault := self.guard.check(loss, totals.grad_norm)) is not None:
+            local_bad = not bool(torch.isfinite(local_loss.detach()).all())
             with self.beat.during(CHECKPOINT):  # loading a checkpoint makes no steps
-                self._rewind(fault)
+                self._rewind(fault, local_bad, local_loss.device)
             return decision
         step = self.step + 1
         if self.window is not None and (report := self.window.add(step, totals.compute_s)):

@@ -21,8 +21,17 @@ saved with every checkpoint (the trainer state), so a restart from a later check
 keeps skipping; one from the same checkpoint before a newer is sealed replays the window,
 and rewinds again if it faults again.
 
-The loop is bounded: past ``policy.max_rewinds`` rewinds in one process the rank exits 1
-with the evidence (the coordinator counts rewinds across restarts as well).
+Which ranks saw it: the loss every rank judges is the sum over the ranks, non-finite on
+all of them when one rank's own loss was. At a fault (never in a step that trains) every
+rank adds its own flag to one more all-reduce, so the report names the ranks whose own
+loss was not finite: the coordinator tells one node computing wrong numbers from a model
+or data that fail everywhere.
+
+The coordinator judges a fault that keeps coming back (:mod:`proto.recurrence`): past
+``policy.max_rewinds`` rewinds of the same fault it fails the job, or holds the one node
+it comes back on. The rank's own bound is a backstop for a report nobody acted on (no
+leader at that moment): the same run of recurrences one longer than the coordinator's
+ends the process with the evidence (exit 1). Faults far apart are each rewound afresh.
 """
 
 from __future__ import annotations
@@ -32,7 +41,12 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from proto.progress import Rewound
+import torch
+import torch.distributed as dist
+
+from proto.progress import RANKS_SAID, Rewound
+from proto.recurrence import NumericFault as Seen
+from proto.recurrence import recurring
 
 HISTORY = 50  # finite gradient norms the spike median is taken over
 WARMUP = 10  # norms needed before a spike can be judged (early training is erratic)
@@ -83,13 +97,18 @@ class Rewind:
     offset: int
     reason: str
 
-    def message(self) -> Rewound:
+    def message(self, ranks: list[int]) -> Rewound:
+        """The report, naming the lowest :data:`proto.progress.RANKS_SAID` of ``ranks``
+        (a diverging model makes every rank's loss non-finite, and a report must stay a
+        small message however large the job)."""
         return Rewound(
             step=self.step,
             from_step=self.from_step,
             skip_from=self.skip_from,
             skip_to=self.skip_to,
             reason=self.reason,
+            ranks=ranks[:RANKS_SAID],
+            nonfinite=len(ranks),
         )
 
 
@@ -109,20 +128,41 @@ def plan(checkpoint_step: int, bad_step: int, offset: int, reason: str) -> Rewin
 
 
 class Rewinds:
-    """The per-process budget of rewinds (``policy.max_rewinds``)."""
+    """The rank's backstop on a numeric fault that keeps coming back: the run of
+    recurrences (:func:`proto.recurrence.recurring`) may be one longer than
+    ``policy.max_rewinds`` allows the coordinator's (which acts on the report of each
+    rewind), then the rank gives up. ``count``: every rewind of this process."""
 
-    def __init__(self, max_rewinds: int) -> None:
-        self.max_rewinds = max_rewinds
+    def __init__(self, max_rewinds: int, margin: int) -> None:
+        self.max_rewinds, self.margin = max_rewinds, margin
+        self.run: list[Seen] = []  # the current run of recurrences, oldest first
         self.count = 0
 
-    def admit(self, from_step: int, reason: str) -> None:
-        """Count one more rewind, or raise :class:`NumericFault` once the budget is spent."""
-        if self.count >= self.max_rewinds:
+    def admit(self, from_step: int, position: int, reason: str) -> None:
+        """Count one more rewind of the fault in step ``from_step`` (trained on data
+        ``position``), or raise :class:`NumericFault` once its run is past the backstop."""
+        run = recurring([*self.run, Seen(step=from_step, position=position)], self.margin)
+        if len(run) > self.max_rewinds + 1:
+            steps = ", ".join(str(f.step) for f in run)
             raise NumericFault(
-                f"numeric fault at step {from_step} ({reason}) after {self.count} rewinds "
-                f"in this process (policy.max_rewinds={self.max_rewinds}); giving up"
+                f"numeric fault at step {from_step} ({reason}): {len(run)} times in a row "
+                f"within {self.margin} steps of each other or on the same data (steps "
+                f"{steps}) in this process (policy.max_rewinds={self.max_rewinds}); giving up"
             )
+        self.run = run
         self.count += 1
+
+
+def nonfinite_ranks(bad: bool, rank: int, world_size: int, device: torch.device) -> list[int]:
+    """The ranks whose own loss was not finite (``bad`` is this rank's): one all-reduce of
+    a flag per rank. Every rank calls it at the same step, the fault being judged on values
+    every rank shares; a lone process has nobody to ask."""
+    if not dist.is_initialized():
+        return [rank] if bad else []
+    flags = torch.zeros(world_size, dtype=torch.float32, device=device)
+    flags[rank] = float(bad)
+    dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+    return [r for r, flag in enumerate(flags.tolist()) if flag > 0]
 
 
 def no_checkpoint(from_step: int, reason: str) -> NumericFault:

@@ -14,10 +14,12 @@ from bench.soak_plan import (
     cost,
     cost_by_fault,
     longest_stall,
+    not_ready,
     parser,
     reaction,
     schedule,
     target,
+    unsettled,
 )
 from proto.faults import parse_fault
 
@@ -54,6 +56,34 @@ def test_every_action_is_an_inject_form_or_one_the_soak_carries_out() -> None:
         assert all(delay > 0 for delay, _ in follow_ups)
     lost = next(p for p in schedule(60, 10, 5) if p.fault == "node-loss")
     assert actions(lost) == ("lose-node", [(25.0, "restart-agent")])
+
+
+def test_a_notice_that_passes_is_never_withdrawn() -> None:
+    """Withdrawn 10 s after its deadline, a spot notice is the withdrawn kind; the other is
+    left for the agent to find passed (a minute after its deadline) and return the node."""
+    plan = schedule(minutes=60, every=10, seed=5)
+    withdrawn = next(p for p in plan if p.fault == "spot-notice")
+    passes = next(p for p in plan if p.fault == "notice-passes")
+    assert actions(withdrawn)[1] == [(withdrawn.value + 10.0, "clear")]
+    assert actions(passes) == (f"spot-notice={passes.value:g}", [])
+    assert {"nan-loss", "spot-notice", "notice-passes"} <= set(MIX)
+
+
+def test_the_end_lists_the_live_nodes_not_ready_and_those_left_behind() -> None:
+    nodes = [
+        {"id": "node-0", "state": "ready", "why": ""},
+        {"id": "node-1", "state": "draining", "held": True, "why": "held for a person: …"},
+        {"id": "node-2", "state": "draining", "why": "probation after spot.notice: …"},
+        {"id": "node-3", "state": "lost", "why": ""},  # not live: its agent is silent
+        {"id": "node-4", "state": "degraded", "why": "nvme0n1 latency 405 µs"},
+    ]
+    assert [(n["node"], n["held"]) for n in not_ready(nodes)] == [
+        ("node-1", True),
+        ("node-2", False),
+        ("node-4", False),
+    ]
+    assert [n["node"] for n in unsettled(nodes)] == ["node-2", "node-4"]
+    assert not_ready(nodes[:1]) == [] and unsettled(nodes[:2]) == []
 
 
 def test_the_target_is_one_of_the_jobs_nodes_by_position() -> None:

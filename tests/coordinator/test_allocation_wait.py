@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_jobs import Cluster, spec
 
-from coordinator import policy
+from coordinator import placement_policy
 from proto.api import SubmitJob
 from proto.events import JobPending
 from proto.job import Allocation, JobState
@@ -27,9 +27,9 @@ async def test_a_node_of_the_allocation_ringmaster_will_not_use_is_said_then_req
     await m.settle()
     [pending] = [e for e in c.events if isinstance(e, JobPending)]
     assert pending.waiting_for == {"node-1": "node is draining (probation after nvme.readonly: …)"}
-    assert pending.bound_s == policy.ALLOCATION_START_WAIT_S
+    assert pending.bound_s == placement_policy.ALLOCATION_START_WAIT_S
     assert "stops to be requeued in 60 s" in pending.message
-    c.advance(policy.ALLOCATION_START_WAIT_S - 1)
+    c.advance(placement_policy.ALLOCATION_START_WAIT_S - 1)
     await m.tick()
     await m.settle()
     assert job.state is JobState.PENDING

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from test_jobs import Cluster, exited, rank0, spec
 
-from coordinator import policy, progress_policy
+from coordinator import placement_policy, policy, progress_policy
 from coordinator.job_progress import at_risk_ahead
 from coordinator.jobs import JobManager
 from proto.api import SubmitJob
@@ -60,14 +60,30 @@ async def test_a_hang_restarts_once_and_a_node_that_hangs_again_is_left_out() ->
     job = await launched(c, m)
     await m.on_event(hung(job, "node-1"))
     assert job.state is JobState.RECOVERING and job.restarts == 1 and job.excluded == {}
-    assert job.hangs == {"node-1": 1}
+    assert job.hung_at == {"node-1": [c.clock.time()]}
     await m.on_event(hung(job, "node-1"))  # the same attempt's second report: nothing
-    assert job.restarts == 1
+    assert job.restarts == 1 and len(job.hung_at["node-1"]) == 1
     await m.settle()
     await m.start_pending(job)
     await rank0(m, StepDone(job=job.id, step=6, loss=5.0))
     await m.on_event(hung(job, "node-1"))
-    assert job.restarts == 2 and list(job.excluded) == ["node-1"] and "left out" in job.reason
+    assert job.restarts == 2 and list(job.excluded) == ["node-1"]
+    assert "node-1 hung 2 times within 3600 s, left out" in job.reason
+
+
+async def test_hangs_an_hour_apart_never_leave_a_node_out() -> None:
+    """The hangs that leave a node out are counted within an hour, not the job's life."""
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    for restarts in (1, 2, 3):
+        await m.on_event(hung(job, "node-1"))
+        assert job.restarts == restarts and job.excluded == {}, job.reason
+        assert len(job.hung_at["node-1"]) == 1  # the one before is forgotten
+        c.advance(3601.0)
+        await m.settle()
+        await m.start_pending(job)
+        await rank0(m, StepDone(job=job.id, step=5 + restarts, loss=5.0))
 
 
 async def test_a_dead_agent_is_found_by_ping_and_one_fault_costs_one_restart() -> None:
@@ -239,36 +255,80 @@ def test_stragglers_compare_each_rank_with_the_median_of_the_others() -> None:
     assert progress_policy.stragglers([0.1], 1.5) == {}
 
 
-async def test_numeric_faults_rewind_until_the_limit_then_fail_with_the_evidence() -> None:
+async def test_a_numeric_fault_that_keeps_coming_back_fails_the_job_with_the_evidence() -> None:
     c = Cluster()
     m = c.leader()
     job = await launched(c, m)
     limit = job.spec.policy.max_rewinds
-    bad = Rewound(job=job.id, step=50, from_step=57, skip_from=50, skip_to=58, reason="loss is nan")
+    bad = Rewound(
+        job=job.id,
+        step=50,
+        from_step=57,
+        skip_from=50,
+        skip_to=58,
+        reason="non-finite loss nan",
+        ranks=[0, 1],
+    )
     for _ in range(limit):
         await rank0(m, bad)
+        c.advance(5.0)
     rewound = [e for e in c.events if isinstance(e, JobRewound)]
     assert len(rewound) == limit and rewound[0].to_step == 50 and rewound[0].skip_to == 58
-    assert "steps 50-57 skipped" in rewound[0].message
+    assert "steps 50-57 skipped; non-finite on rank 0, 1" in rewound[0].message
+    assert rewound[0].ranks == [0, 1] and rewound[0].suspect == ""  # every node's
     assert job.state is JobState.RUNNING and job.step == 50
     await rank0(m, bad)
-    assert job.state is JobState.FAILED and "loss is nan" in job.reason
-    assert f"over the limit of {limit}" in job.reason
+    assert job.state is JobState.FAILED and "non-finite loss nan" in job.reason
+    assert "3 times in a row within 50 steps of each other or on the same data" in job.reason
+    assert f"rewound 2 times (policy.max_rewinds = {limit}), not on one node alone" in job.reason
     assert not c.agents.commands(Launch, "node-2")
+
+
+async def test_one_nodes_numeric_faults_hold_it_and_the_job_goes_on_elsewhere() -> None:
+    """Far apart, but the ranks of node-1 alone each time: the third holds node-1 for a
+    person (on the node keeper's next look) and restarts the job without it, uncharged."""
+    c = Cluster()
+    m = c.leader()
+    job = await launched(c, m)
+    for k, step in enumerate((100, 1100, 2100)):
+        await rank0(m, StepDone(job=job.id, step=step, loss=4.0))
+        bad = Rewound(
+            job=job.id,
+            step=step,
+            from_step=step + 3,
+            skip_from=step,
+            skip_to=step + 4,
+            reason="non-finite loss nan",
+            ranks=[1],
+        )
+        await rank0(m, bad)
+        assert [e.suspect for e in c.events if isinstance(e, JobRewound)][-1] == "node-1"
+        if k < 2:
+            assert job.state is JobState.RUNNING and c.registry.nodes["node-1"].hold_for == ""
+            c.advance(600.0)
+    assert job.state is JobState.RECOVERING and list(job.excluded) == ["node-1"]
+    assert job.restarts == 1 and job.restarts_in_row == 0
+    held = c.registry.nodes["node-1"].hold_for
+    assert held.startswith("the ranks of node-1 alone computed non-finite values 3 times")
+    assert "step 103 (node-1 alone" in held and "step 2103 (node-1 alone" in held
+    assert job.numeric_faults == []  # spent: they count no further
+    await m.settle()
+    await m.start_pending(job)
+    assert job.nodes == ["node-0", "node-2"]
 
 
 def test_a_job_whose_checkpoints_cannot_reshard_does_not_shrink() -> None:
     record = JobRecord(id="j", name="j", spec=spec(4), attempt=1)
     record.spec.job.min_nodes = 2
-    assert policy.minimum_nodes(record) == 2  # deepspeed ZeRO-1: it reshards
+    assert placement_policy.minimum_nodes(record) == 2  # deepspeed ZeRO-1: it reshards
     record.spec.train.zero_stage = 3
-    assert policy.minimum_nodes(record) == 2  # so does ZeRO-3
+    assert placement_policy.minimum_nodes(record) == 2  # so does ZeRO-3
     record.spec.train.zero_stage = 0
-    assert policy.minimum_nodes(record) == 4
+    assert placement_policy.minimum_nodes(record) == 4
     record.spec.train.engine = "fsdp"
-    assert policy.minimum_nodes(record) == 2
+    assert placement_policy.minimum_nodes(record) == 2
     record.attempt = 0  # a first start waits for every node it asked for
-    assert policy.minimum_nodes(record) == 4
+    assert placement_policy.minimum_nodes(record) == 4
 
 
 async def test_a_late_step_of_the_previous_attempt_does_not_make_the_next_one_running() -> None:

@@ -234,3 +234,54 @@ async def test_a_judged_clock_and_a_loss_drain_while_they_last() -> None:
     assert w.registry.nodes["node-1"].state is NodeState.DRAINING
     await w.after(PROBATION_S["node.lost"])
     assert w.registry.nodes["node-1"].state is NodeState.READY
+
+
+async def test_the_coordinators_hold_on_a_nodes_numbers_is_taken_once_until_undrain() -> None:
+    w = World()
+    await w.keeper.load()
+    w.beat("node-1")
+    await w.after(0.0)
+    w.registry.hold("node-1", "the ranks of node-1 alone computed non-finite values 3 times")
+    await w.after(0.25)
+    [held] = w.events
+    assert isinstance(held, NodeDrained) and held.held and held.severity is Severity.CRITICAL
+    assert (held.cause, held.by) == ("numeric", "ringmaster")
+    assert held.history == held.evidence and "3 times" in held.evidence
+    node = w.registry.nodes["node-1"]
+    assert node.hold_for == "" and node.state is NodeState.DRAINING and node.held
+    assert node.slurm_cause == ("held", held.evidence)
+    w.beat("node-1")
+    await w.after(3 * 3600.0)  # its gate passes all along: held still, said once
+    assert len(w.events) == 1 and node.held
+    assert (await w.keeper.control(NodeControl(node="node-1", action="undrain"))).ok
+    assert node.state is NodeState.READY and w.kinds() == ["node.drained", "node.returned"]
+
+
+async def test_a_notice_that_passes_returns_the_node_saying_so() -> None:
+    w = World()
+    await w.keeper.load()
+    message = "aws preemption notice: terminate at 10:00:20 UTC, in 20 s (x)"
+    notice = Condition(
+        kind=ConditionKind.PREEMPTION,
+        node="node-1",
+        subject="aws",
+        severity=Severity.CRITICAL,
+        since=w.clock.time(),
+        reason=message,
+    )
+    w.beat("node-1", notice)
+    await w.after(0.25)
+    w.beat("node-1")  # its agent closed it: the deadline went by with the node up
+    await w.after(80.0)
+    node = w.registry.nodes["node-1"]
+    assert node.state is NodeState.DRAINING and node.serving_since is None
+    await w.after(PROBATION_S["spot.notice"])
+    drained, returned = w.events
+    assert isinstance(drained, NodeDrained) and isinstance(returned, NodeReturned)
+    assert returned.cause == notice.key == "spot.notice:node-1:aws"
+    assert returned.evidence == (
+        f"spot.notice:node-1:aws passed with the node still up ({message}); its health gate "
+        "passed for 60 s"
+    )
+    assert node.state is NodeState.READY and node.serving_since == w.clock.time()
+    assert [f.key for f in w.keeper.lives["node-1"].faults] == [notice.key]  # its history

@@ -8,6 +8,7 @@ from typing import ClassVar
 import pytest
 
 from coordinator import node_life as nl
+from coordinator import node_verbs
 from coordinator import node_view as nv
 from coordinator.node_life import Cause, Effect, Evidence, Input, Step
 from proto.node_life import NodeLife, Phase
@@ -33,9 +34,13 @@ class Tour:
         return self._took(steps)
 
     def ask(self, now: float, action: str, reason: str = "", by: str = "alice") -> str:
-        self.life, steps, note = nl.command(self.life, action, by, reason, now)
+        self.life, steps, note = node_verbs.command(self.life, action, by, reason, now)
         self._took(steps)
         return note
+
+    def hold(self, now: float, evidence: str = "ranks of n alone non-finite 3 times") -> Step:
+        self.life, steps = node_verbs.hold(self.life, evidence, now)
+        return self._took(steps)[0]
 
     def _took(self, steps: list[Step]) -> list[Step]:
         for s in steps:
@@ -231,6 +236,32 @@ def a_cordon_in_every_phase_changes_nothing_but_placement() -> None:
         assert Input.UNCORDON in inputs(t.steps)
 
 
+def the_coordinators_hold_on_its_numbers_needs_a_person_from_any_phase() -> None:
+    """Its ranks alone computed non-finite values again and again: held at once, whatever
+    its phase (a health gate cannot see arithmetic, so no probation would clear it)."""
+    t = Tour()
+    held = t.hold(10.0)
+    assert (held.before, held.after, held.effects) == (
+        Phase.SERVING,
+        Phase.HELD,
+        (Effect.SAVE, Effect.HELD),
+    )
+    assert held.fault is not None and held.fault.key == nl.NUMERIC
+    assert held.fault.closed_at == 10.0  # nothing the node reports can close it
+    assert t.life.held == "ranks of n alone non-finite 3 times"
+    assert nv.drain_reason(t.life, 11.0).startswith("held for a person: ranks of n alone")
+    assert nv.slurm_cause(t.life) == ("held", t.life.held)
+    assert t.see(5000.0) == []  # an hour on, nothing open: still held
+    assert t.hold(5001.0, "again").effects == (Effect.SAVE,)  # said once
+    assert t.ask(5002.0, "undrain") == "" and t.phase is Phase.SERVING
+    t.see(5003.0, READONLY)
+    assert t.hold(5004.0).before is Phase.DRAINED and t.phase is Phase.HELD
+    t.ask(5005.0, "undrain")
+    t.see(5006.0, READONLY)
+    t.see(5007.0)
+    assert t.phase is Phase.PROBATION and t.hold(5008.0).after is Phase.HELD
+
+
 SCENARIOS = [
     fault_drains_and_returns_after_its_probation,
     a_failing_gate_starts_the_probation_again,
@@ -241,6 +272,7 @@ SCENARIOS = [
     faults_an_hour_apart_hold_nothing,
     the_operators_drain_is_lifted_only_by_undrain,
     a_cordon_in_every_phase_changes_nothing_but_placement,
+    the_coordinators_hold_on_its_numbers_needs_a_person_from_any_phase,
 ]
 
 
@@ -284,18 +316,28 @@ def test_the_defaults_are_the_documented_ones() -> None:
         "topology.degraded": 300.0,
         "net.link": 120.0,
         "clock.drift": 120.0,
-        "spot.notice": 0.0,
+        "spot.notice": 60.0,
         "node.lost": 60.0,
     }
     assert nl.DEFAULT_PROBATION_S == 300.0
     assert (nl.REPEATS, nl.REPEAT_WINDOW_S) == (3, 3600.0)
 
 
-def test_a_spot_notice_withdrawn_returns_at_once() -> None:
+def test_a_spot_notice_that_passes_returns_after_its_probation_and_stays_on_record() -> None:
+    """The notice's condition closed (withdrawn, or its deadline went by with the node up):
+    the node takes work again once its gate has passed for the notice's probation, and
+    the notice stays in its history for the hour (a third within it holds the node)."""
     notice = Cause("spot.notice:n:aws", "spot.notice", "aws: terminate by 10:00:00 UTC")
     t = Tour()
     t.see(0.0, notice)
-    assert inputs(t.see(5.0)) == [Input.CLOSED, Input.GATE_PASSED, Input.SERVED]
+    assert inputs(t.see(85.0)) == [Input.CLOSED, Input.GATE_PASSED]
+    assert t.see(144.0) == []
+    [served] = t.see(145.0)
+    assert served.input is Input.SERVED and served.probation_s == 60.0
+    assert served.fault is not None and served.fault.key == notice.key
+    assert [(f.key, f.evidence, f.closed_at) for f in t.life.faults] == [
+        (notice.key, notice.evidence, 85.0)
+    ]
 
 
 def test_probation_overrides() -> None:

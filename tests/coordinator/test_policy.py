@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import actions, policy, progress_policy
+from coordinator import actions, placement_policy, policy, progress_policy
 from proto.conditions import Condition, ConditionKind, Severity, condition_key
 from proto.events import (
     ClockResynced,
@@ -335,8 +335,13 @@ def test_a_restart_that_cannot_be_placed_inside_an_allocation_stops_to_be_requeu
     inside = Allocation(job_id="42", hosts=["node-0", "node-1"])
     waiting = job(JobState.RECOVERING, allocation=inside, waiting_since=1000.0)
     waiting.reason = "waiting for 2 healthy nodes; skipped: node-1: node is lost"
-    assert policy.waited_too_long(waiting, 1000.0 + policy.ALLOCATION_WAIT_S - 1) == []
-    [finish] = policy.waited_too_long(waiting, 1000.0 + policy.ALLOCATION_WAIT_S)
+    assert (
+        placement_policy.waited_too_long(waiting, 1000.0 + placement_policy.ALLOCATION_WAIT_S - 1)
+        == []
+    )
+    [finish] = placement_policy.waited_too_long(
+        waiting, 1000.0 + placement_policy.ALLOCATION_WAIT_S
+    )
     assert finish == actions.FinishJob(
         JobState.STOPPED,
         "cannot continue inside Slurm job 42's allocation: waiting for 2 healthy nodes; "
@@ -347,8 +352,15 @@ def test_a_restart_that_cannot_be_placed_inside_an_allocation_stops_to_be_requeu
     # an allocation holding a node Ringmaster will not use is not held idle
     first = job(JobState.PENDING, allocation=inside, waiting_since=1000.0)
     first.reason = "waiting for 2 healthy nodes; skipped: node-1: node is draining"
-    assert policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_START_WAIT_S - 1) == []
-    [stop] = policy.waited_too_long(first, 1000.0 + policy.ALLOCATION_START_WAIT_S)
+    assert (
+        placement_policy.waited_too_long(
+            first, 1000.0 + placement_policy.ALLOCATION_START_WAIT_S - 1
+        )
+        == []
+    )
+    [stop] = placement_policy.waited_too_long(
+        first, 1000.0 + placement_policy.ALLOCATION_START_WAIT_S
+    )
     assert stop == actions.FinishJob(
         JobState.STOPPED,
         "cannot start inside Slurm job 42's allocation: waiting for 2 healthy nodes; "
@@ -357,7 +369,9 @@ def test_a_restart_that_cannot_be_placed_inside_an_allocation_stops_to_be_requeu
     )
     # outside an allocation: the job's own wait_for_nodes_s, then it fails
     outside = job(JobState.RECOVERING, waiting_since=1000.0)
-    assert policy.waited_too_long(outside, 1000.0 + policy.ALLOCATION_WAIT_S) == []
+    assert (
+        placement_policy.waited_too_long(outside, 1000.0 + placement_policy.ALLOCATION_WAIT_S) == []
+    )
 
 
 def test_an_operators_drain_moves_a_job_off_the_node_checkpoint_first_spending_nothing() -> None:

@@ -175,7 +175,7 @@ def test_a_left_out_node_comes_back_after_its_time_or_a_healthy_restart() -> Non
     job = record()
     job.spec.policy.exclude_s = 100.0
     nodes = {"node-1": node("node-1")}
-    exclusion.leave_out(job, "node-1", "node node-1 lost", now=1000.0, agent_started_at=1.0)
+    exclusion.leave_out(job, "node-1", "node node-1 lost", 1000.0, nodes["node-1"])
     assert "node node-1 lost" in exclusion.left_out(job, nodes, 1050.0)["node-1"]
     assert exclusion.left_out(job, nodes, 1101.0) == {}  # its time is up
     nodes["node-1"].agent_started_at = 2.0  # a new agent start, healthy: back at once
@@ -185,15 +185,43 @@ def test_a_left_out_node_comes_back_after_its_time_or_a_healthy_restart() -> Non
     assert "node-1" in exclusion.left_out(job, nodes, 1050.0)  # restarted, but not healthy
 
 
+def test_a_left_out_node_comes_back_once_its_life_returns_it() -> None:
+    """Drained for the fault (a preemption notice, its loss) and returned by its own life
+    after a probation: back in the job at once, not when exclude_s runs out."""
+    job = record()
+    nodes = {"node-1": node("node-1")}
+    exclusion.leave_out(job, "node-1", "preemption notice", 1000.0, nodes["node-1"])
+    nodes["node-1"].serving_since = 900.0  # returned before it was left out: no evidence
+    assert "node-1" in exclusion.left_out(job, nodes, 1050.0)
+    nodes["node-1"].serving_since = None  # drained, then on probation
+    assert "node-1" in exclusion.left_out(job, nodes, 1050.0)
+    nodes["node-1"].serving_since = 1120.0  # its probation passed: back
+    assert exclusion.left_out(job, nodes, 1121.0) == {}
+
+
 def test_a_node_that_faults_again_soon_is_left_out_longer_each_time() -> None:
     job = record()
     job.spec.policy.exclude_s = 100.0
-    exclusion.leave_out(job, "node-1", "x", now=0.0, agent_started_at=0.0)
+    exclusion.leave_out(job, "node-1", "x", 0.0, None)
     assert job.excluded["node-1"].until == 100.0
-    exclusion.leave_out(job, "node-1", "x", now=150.0, agent_started_at=0.0)  # soon after
+    exclusion.leave_out(job, "node-1", "x", 150.0, None)  # soon after
     assert job.excluded["node-1"].count == 2 and job.excluded["node-1"].until == 350.0
-    exclusion.leave_out(job, "node-1", "x", now=10_000.0, agent_started_at=0.0)  # long after
+    exclusion.leave_out(job, "node-1", "x", 10_000.0, None)  # long after
     assert job.excluded["node-1"].count == 1
+
+
+def test_a_node_its_life_returned_starts_its_backoff_afresh() -> None:
+    """Left out for a preemption notice that passed, drained and returned by its life:
+    a straggler soon after is left out for exclude_s, not twice that."""
+    job = record()
+    job.spec.policy.exclude_s = 100.0
+    info = node("node-1")
+    exclusion.leave_out(job, "node-1", "preemption notice", 0.0, info)
+    info.serving_since = 90.0  # its probation served
+    exclusion.leave_out(job, "node-1", "straggles", 150.0, info)
+    assert job.excluded["node-1"].count == 1 and job.excluded["node-1"].until == 250.0
+    exclusion.leave_out(job, "node-1", "straggles again", 260.0, info)  # not returned since
+    assert job.excluded["node-1"].count == 2
 
 
 def test_time_without_a_step_past_the_hang_threshold_is_recovery() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import node_life
+from coordinator import node_life, node_verbs
 from coordinator.node_keeper import NodeKeeper, evidence
 from coordinator.registry import NodeInfo
 from coordinator.slurm_drains import Drain, Lift, SlurmDrains, plan
@@ -85,7 +85,7 @@ def test_a_node_on_probation_stays_drained_and_is_lifted_once_it_serves() -> Non
 
 
 def test_an_operators_drain_says_so_in_slurm() -> None:
-    life, _, _ = node_life.command(NodeLife(node="node-0"), "drain", "alice", "disk swap", 0.0)
+    life, _, _ = node_verbs.command(NodeLife(node="node-0"), "drain", "alice", "disk swap", 0.0)
     [drain] = plan([node("node-0", life=life)], slurm(node_0=("idle", "")), {})
     assert drain == Drain("node-0", "operator", "ringmaster: operator: disk swap")
 

@@ -23,7 +23,7 @@ from nodeagent.collectors.preemption import (
     PreemptionCollector,
     PreemptionSample,
 )
-from nodeagent.detectors.preemption import SpotNoticeDetector
+from nodeagent.detectors.preemption import PASSED_AFTER_S, SpotNoticeDetector
 from nodeagent.sim.metadata import MetadataServer
 from proto.conditions import ConditionKind, condition_key
 from proto.events import SpotNotice
@@ -261,3 +261,42 @@ def test_a_notice_is_a_condition_that_closes_with_no_event() -> None:
     [closed] = detector.unannounced()
     assert (closed.key, closed.active, closed.since) == (condition.key, False, 2.0)
     assert detector.unannounced() == [], "handed over once"
+
+
+def test_a_notice_whose_deadline_passes_with_the_node_up_closes_once() -> None:
+    """The metadata service still serves the notice (AWS's instance-action stays), but the
+    machine was not taken: once the agent has sampled PASSED_AFTER_S past the deadline,
+    the condition closes saying so, and the same notice never opens it again; one with
+    another deadline does."""
+    detector = SpotNoticeDetector("node-2")
+    deadline = NOW + timedelta(seconds=20)
+    notice = Notice(action="terminate", deadline=deadline, detail="x")
+    at = deadline.timestamp()
+
+    def seen(t: float, n: Notice | None = notice) -> list[SpotNotice]:
+        events = detector.observe(PreemptionSample(time=at + t, provider="aws", notice=n))
+        return [e for e in events if isinstance(e, SpotNotice)]
+
+    assert len(seen(-20.0)) == 1
+    assert seen(0.0) == [] and seen(PASSED_AFTER_S) == [] and detector.unannounced() == []
+    assert seen(PASSED_AFTER_S + 1.0) == []
+    [closed] = detector.unannounced()
+    assert not closed.active and closed.since == at + PASSED_AFTER_S + 1.0
+    assert closed.reason == (
+        f"aws preemption notice passed: terminate was due at {deadline:%H:%M:%S} UTC, "
+        f"{PASSED_AFTER_S + 1:.0f} s ago, and this node is still up"
+    )
+    assert seen(600.0) == [] and detector.unannounced() == [], "the same notice: passed"
+    later = Notice(action="terminate", deadline=deadline + timedelta(seconds=700), detail="y")
+    assert len(seen(650.0, later)) == 1, "another deadline: a new notice"
+
+
+def test_a_notice_first_seen_long_past_its_deadline_opens_nothing() -> None:
+    """An agent restarted after a notice passed finds it still served: not a notice."""
+    detector = SpotNoticeDetector("node-2")
+    notice = Notice(action="terminate", deadline=NOW, detail="x")
+    late = NOW.timestamp() + PASSED_AFTER_S + 5.0
+    assert detector.observe(PreemptionSample(time=late, provider="aws", notice=notice)) == []
+    assert detector.unannounced() == []
+    assert detector.observe(PreemptionSample(time=late + 2.0, provider="aws")) == []
+    assert detector.unannounced() == []

@@ -283,7 +283,10 @@ PURE = (
     *(
         "network_culprit",
         "node_life",
+        "node_verbs",
         "node_view",
+        "numeric_policy",
+        "placement_policy",
         "policy",
         "progress_policy",
         "reconcile",

@@ -130,8 +130,11 @@ def test_a_rewind_skips_everything_trained_since_the_checkpoint() -> None:
     first = plan(10, 12, 0, "non-finite loss nan")
     assert (first.step, first.from_step) == (10, 13)
     assert (first.skip_from, first.skip_to, first.offset) == (10, 13, 3)
-    message = first.message()
+    message = first.message([0])
     assert (message.step, message.from_step, message.skip_from, message.skip_to) == (10, 13, 10, 13)
+    assert (message.ranks, message.nonfinite) == ([0], 1)
+    everyone = first.message(list(range(1000)))  # a diverging model on a large job
+    assert everyone.ranks == list(range(64)) and everyone.nonfinite == 1000
     # steps 10, 11 now train on data positions 13, 14; a fault at index 11 skips those too
     second = plan(10, 11, first.offset, "again")
     assert (second.skip_from, second.skip_to, second.offset) == (13, 15, 5)
@@ -139,14 +142,21 @@ def test_a_rewind_skips_everything_trained_since_the_checkpoint() -> None:
         plan(15, 12, 0, "a checkpoint newer than the fault")
 
 
-def test_rewinds_are_bounded_per_process() -> None:
-    rewinds = Rewinds(max_rewinds=2)
-    rewinds.admit(5, "x")
-    rewinds.admit(7, "y")
-    with pytest.raises(NumericFault, match=r"step 9 \(z\) after 2 rewinds .*max_rewinds=2"):
-        rewinds.admit(9, "z")
-    with pytest.raises(NumericFault):
-        Rewinds(max_rewinds=0).admit(1, "first")
+def test_a_rank_rewinds_faults_far_apart_afresh_and_gives_up_past_the_coordinators_run() -> None:
+    """The same fault coming back (within the margin, or on the same data) may run one
+    longer than the coordinator's budget; faults far apart never add up."""
+    rewinds = Rewinds(max_rewinds=1, margin=10)
+    for step in (100, 200, 300, 400, 500):  # five far apart: five rewinds
+        rewinds.admit(step, step, "x")
+    assert rewinds.count == 5
+    rewinds.admit(505, 505, "y")  # back within 10 steps: a run of two
+    with pytest.raises(NumericFault, match=r"step 507 \(z\): 3 times in a row .*500, 505, 507"):
+        rewinds.admit(507, 507, "z")
+    again = Rewinds(max_rewinds=0, margin=10)
+    again.admit(5, 5, "first")  # the coordinator decides this one; the rank rewinds it
+    again.admit(900, 40, "far on, but the data of step 40 again")
+    with pytest.raises(NumericFault, match=r"2 times in a row .*steps 900, 2000"):
+        again.admit(2000, 40, "the same data once more")
 
 
 def test_the_straggler_window_reports_medians_by_rank_once_full() -> None:

@@ -64,6 +64,7 @@ def nan_loss_rewind(
     (rewound,) = agent.of(Rewound)
     newest = (rewound.from_step - 1) // 5 * 5  # the newest checkpoint before the fault
     assert rewound.step == newest >= 5 and rewound.reason == "non-finite loss nan"
+    assert rewound.ranks == [0]  # the knob poisons its node's first rank alone
     assert (rewound.skip_from, rewound.skip_to) == (rewound.step, rewound.from_step)
     for rank in (0, 1):  # both ranks, at the same step
         (logged,) = ranks.events(rank, "rewound")
@@ -99,21 +100,23 @@ def test_a_nan_loss_rewinds_deepspeed_too(tmp_path: Path, launch: Any, make_spec
     nan_loss_rewind(tmp_path, launch, make_spec, engine="deepspeed", steps=20)
 
 
-def test_faults_beyond_max_rewinds_fail_with_the_evidence(
+def test_a_fault_that_keeps_coming_back_ends_the_rank_one_past_the_coordinators_budget(
     tmp_path: Path, launch: Any, make_spec: MakeSpec
 ) -> None:
+    """max_rewinds=1: the coordinator judges the second time in a row; the rank rewinds it
+    too (its report is the coordinator's evidence) and gives up only at the third."""
     agent = FakeAgent(tmp_path / "agent.sock")
     knobs = tmp_path / "sim-knobs.json"
     spec = make_spec(train={"steps": 200}, checkpoint={"every_steps": 3}, policy={"max_rewinds": 1})
     ranks = launch(spec, socket_path=agent.path, env=simulated(knobs))
     agent.wait_for(Checkpointed, lambda m: m.step >= 3)
-    write_knobs(knobs, nan_loss=2)  # two requests: the step after the rewind faults again
+    write_knobs(knobs, nan_loss=3)  # three requests: each step after a rewind faults again
     assert ranks.wait() == [1, 1]
-    assert len(agent.of(Rewound)) == 1
+    assert len(agent.of(Rewound)) == 2
     for rank in (0, 1):
-        assert len(ranks.events(rank, "rewound")) == 1
+        assert len(ranks.events(rank, "rewound")) == 2
         line = evidence(ranks.log(rank))
-        assert "(non-finite loss nan) after 1 rewinds in this process" in line
+        assert "(non-finite loss nan): 3 times in a row within 10 steps" in line
         assert "policy.max_rewinds=1" in line
     assert not agent.of(Finished)
     agent.close()
