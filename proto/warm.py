@@ -19,14 +19,17 @@ child of the template listening on the socket the request names, which talks to 
 as above (``READY``, one launch, ``STARTED``) and never forks itself. Every line the agent
 sends is one of :data:`Request`, told apart by its ``type``. A template serves any number
 of connections at once, each request answered on the connection it came on (the agents of
-one machine may share a template); an agent that did not start it asks who it is first
-(:class:`Identify`), and never hands it a launch. A launch handed to the template itself
-(it was still importing) names where its successor listens: the template forks it first,
-answers :class:`Forked`, then becomes the rank as a spare does, and the successor goes on
-as the template on its new socket (the agent connects to it there).
+one machine may share a template: ``WARM_TEMPLATE_ENV``); an agent that did not start it
+asks who it is first (:class:`Identify`), and never hands it a launch. A launch handed to
+the template itself (it was still importing) names where its successor listens: the
+template forks it first, answers :class:`Forked`, then becomes the rank as a spare does,
+and the successor goes on as the template on its new socket (the agent connects to it
+there).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import msgspec
 
@@ -36,6 +39,18 @@ LISTEN_FD_ENV = "RINGMASTER_SPARE_FD"
 ORPHAN_S_ENV = "RINGMASTER_SPARE_ORPHAN_S"
 # a user's entry script whose top-level imports the interpreter imports too, at its start
 PRELOAD_ENV = "RINGMASTER_SPARE_PRELOAD"
+# how many spares an agent keeps (``nodeagent --warm-ranks``; ``coordinatorctl up``
+# passes its environment on, and starts no shared template when it is 0)
+WARM_RANKS_ENV = "RINGMASTER_WARM_RANKS"
+# the socket of a template an agent uses instead of starting its own
+# (``nodeagent --warm-template-socket``)
+WARM_TEMPLATE_ENV = "RINGMASTER_WARM_TEMPLATE_SOCKET"
+
+
+def warm_ranks(environ: Mapping[str, str]) -> int | None:
+    """The spares ``WARM_RANKS_ENV`` asks for; None when it says no number."""
+    value = environ.get(WARM_RANKS_ENV, "").strip()
+    return int(value) if value.isdigit() else None
 
 
 class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="launch"):
