@@ -7,11 +7,11 @@ milliseconds of CPU instead of the seconds of a fresh interpreter's imports. Whe
 agents of a machine share one (``shared``: the local cluster's simulated nodes,
 ``nodeagent.shared_template``), the pool joins it instead of starting its own; with
 nothing answering there, it starts its own after all (said once), so a missing shared
-template never costs more than the template it stands for. Requests go
-one at a time on the pool's connection to it (:class:`Fork`, :class:`Preload`), each
-answered with one line. A template that answers a fork with threads besides its main one
-never forks: the pool is told (``forks`` turns False) and starts spares with ``exec`` from
-then on, as before templates.
+template never costs more than the template it stands for. Requests go one at a time on
+the pool's connection to it (:class:`Fork`, :class:`Preload`), each answered with one
+line. A template that answers a fork with threads besides its main one never forks: the
+pool is told (``forks`` turns False) and starts spares with ``exec`` from then on, as
+before templates.
 
 The template is kept while the pool wants spares: one that dies is started again, and one
 that dies before it has served :data:`STEADY_S` is retried with the project's backoff
@@ -181,8 +181,8 @@ class Templates:
             line = await asyncio.wait_for(template.reader.readline(), bound)
             return msgspec.json.decode(line, type=answer)
         except (OSError, TimeoutError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            said = "left" if template.shared else "killed"
-            log.warning(f"warm template did not answer: {said}", pid=template.pid, error=repr(exc))
+            event = "warm template did not answer: " + ("left" if template.shared else "killed")
+            log.warning(event, pid=template.pid, error=repr(exc))
             await kill(template)  # the keeper starts (or joins) the next
             return None
 
