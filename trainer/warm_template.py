@@ -5,8 +5,9 @@ rank on two cores, 40 s of a GPU node's restart). Paid by every spare, at the ag
 and again after each launch, it cost as much as the cold starts it saved. The template pays
 it once: it imports, then forks a spare whenever an agent asks (:class:`Fork`), in
 milliseconds; the fork shares the imported pages until it writes them (the garbage
-collector's generations are frozen first, so collecting does not copy them all). How a fork
-is made, and its end recorded, is ``trainer.warm_forks``'. CUDA is never initialised here.
+collector's generations are frozen first, so collecting does not copy them all);
+``trainer.warm_forks`` makes the forks and records their ends. CUDA is never initialised
+here.
 
 One template may serve several agents: those of one machine's local cluster share one
 (``coordinatorctl up``), so the machine imports once whatever the number of its simulated
@@ -86,8 +87,8 @@ class _Template:
         self.ready = time.monotonic()
         self.orphan_s = orphan_s()
         self.forks = Forks()
-        self.conns: dict[socket.socket, bytes] = {}  # each agent's, and what it sent past
-        # its last full line
+        # each agent's connection, and what it sent past its last full line
+        self.conns: dict[socket.socket, bytes] = {}
         self.alone_since = self.ready  # no agent connected since (the orphan time runs)
         self.selector = selectors.DefaultSelector()
         self.wakeup = os.pipe()
