@@ -12,13 +12,21 @@ its CPU is read (between two samples, interpolated). A rank start costs its CPU 
 ``started`` and up to its first step (a cold rank imports part of the stack only once its
 ``main`` runs; a warm one has it all imported), and the templates and spares that never
 became ranks cost their whole CPU (the imports forks share), spread over the starts.
+
+It also says what everything the command started cost, daemons included, and its wall
+time: this process is their subreaper (``PR_SET_CHILD_SUBREAPER``), so the detached
+daemons of a local cluster are reaped here once ``down`` stops them, and the kernel's
+count of its children's CPU (``RUSAGE_CHILDREN``) holds all of it, whatever else runs on
+the machine.
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
+PR_SET_CHILD_SUBREAPER = 36
+ORPHANS_S = 60.0  # how long the command's leftovers may take to end once it has
 MARK = "RINGMASTER_RANK_CPU_MARK"
 KINDS = (b"trainer.warm", b"trainer.worker")
 
@@ -86,16 +96,42 @@ def walls(log: Path, pid: int) -> tuple[float, float | None] | None:
     return float(started[1]), float(step[1]) if step else None
 
 
+def reap_orphans() -> int:
+    """Reap what the command left running, once it ends (within ``ORPHANS_S``); how many
+    are still running after that (not counted)."""
+    deadline = time.monotonic() + ORPHANS_S
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 0
+        if pid == 0 and time.monotonic() > deadline:
+            me = os.getpid()
+            return len(Path(f"/proc/{me}/task/{me}/children").read_text().split())
+        if pid == 0:
+            time.sleep(0.2)
+
+
 def main() -> None:
     argv = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else sys.argv[1:]
     mark = f"{MARK}={uuid.uuid4().hex}"
     env = {**os.environ, MARK: mark.split("=", 1)[1]}
     seen: dict[int, Seen] = {}
     other: set[tuple[int, str]] = set()
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    begun = time.monotonic()
     proc = subprocess.Popen(argv, env=env)
     while proc.poll() is None:
         sample(mark.encode(), seen, other)
         time.sleep(0.2)
+    wall = time.monotonic() - begun
+    left = reap_orphans()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(
+        f"\neverything the command started: {used.ru_utime + used.ru_stime:.1f} CPU-s "
+        f"({used.ru_utime:.1f} user, {used.ru_stime:.1f} system) in {wall:.1f} s of wall time"
+        + (f"; {left} process(es) still running, not counted" if left else "")
+    )
     starts: list[tuple[int, bool, float, float | None]] = []
     idle = 0.0
     for pid, record in seen.items():

@@ -17,15 +17,9 @@ from nodeagent import health_gate
 from nodeagent.config import AgentConfig, ConfigError, load
 from nodeagent.registry import build, preflight
 from nodeagent.sampling import close_all, run_once
+from proto.warm import WARM_RANKS_ENV, WARM_TEMPLATE_ENV, warm_ranks
 from ringmaster.auth import AuthError
 from ringmaster.log import configure
-
-WARM_RANKS_ENV = "RINGMASTER_WARM_RANKS"  # `coordinatorctl up` passes its environment on
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value.isdigit() else None
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -44,8 +38,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--warm-ranks",
         dest="warm_ranks",
         type=int,
-        default=_env_int(WARM_RANKS_ENV),
+        default=warm_ranks(os.environ),
         help=f"spare rank interpreters, 0: none (else ${WARM_RANKS_ENV}, else the config's)",
+    )
+    p.add_argument(
+        "--warm-template-socket",
+        dest="warm_template_socket",
+        default=os.environ.get(WARM_TEMPLATE_ENV) or None,
+        help="fork spares from the template this machine's agents share, listening here "
+        f"(else ${WARM_TEMPLATE_ENV}, else the config's)",
     )
     p.add_argument("--advertise-addr", dest="advertise_addr")
     p.add_argument("--simulated", action="store_true", default=None)
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             "dev",
             "gpus",
             "warm_ranks",
+            "warm_template_socket",
             "advertise_addr",
             "simulated",
             "metrics_port",

@@ -21,6 +21,7 @@ NodeId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,63}$")]
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
+SOCKET_PATH_MAX = 108  # sun_path, with its terminating NUL (Linux)
 
 
 class NvmeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -206,6 +207,11 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # no successor, or a spare where the template may not fork): its imports would compete
     # for CPU with the ranks starting at that moment. A fork's refill is not delayed.
     warm_refill_delay_s: NonNegative = 5.0
+    # the socket of a template interpreter this machine's agents share, which the pool
+    # forks its spares from instead of starting its own (nodeagent.shared_template: a
+    # local cluster's simulated nodes, which `coordinatorctl up` points here); nothing
+    # answering there, the pool starts its own. "": the pool's own
+    warm_template_socket: str = ""
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     hang_check_s: Positive = 0.5  # how often ranks' beats are read (nodeagent.hangwatch)
     # Prometheus /metrics: 0 turns it off, -1 takes any free port (ringmaster.metrics)
@@ -217,6 +223,16 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     preemption: PreemptionSettings = msgspec.field(default_factory=PreemptionSettings)
     preflight: PreflightSettings = msgspec.field(default_factory=PreflightSettings)
     network: NetworkSettings = msgspec.field(default_factory=NetworkSettings)
+
+    def __post_init__(self) -> None:
+        socket_path = self.warm_template_socket
+        if socket_path and not socket_path.startswith("/"):
+            raise ValueError(f"warm_template_socket must be an absolute path: {socket_path!r}")
+        if len(socket_path.encode()) >= SOCKET_PATH_MAX:
+            raise ValueError(
+                f"warm_template_socket is longer than a Unix socket's path may be "
+                f"({SOCKET_PATH_MAX - 1} bytes): {socket_path!r}"
+            )
 
     def roots(self) -> Roots:
         return Roots(sysfs=Path(self.sysfs), procfs=Path(self.procfs), dev=Path(self.dev))

@@ -74,6 +74,9 @@ class Agent:
             self._progress,
             simulated=config.simulated,
             warm_refill_delay_s=config.warm_refill_delay_s,
+            warm_template=Path(config.warm_template_socket)
+            if config.warm_template_socket
+            else None,
             rank_defaults=collective_env(resolve_data_interface(config.network, config.roots())),
         )
 

@@ -62,8 +62,10 @@ def import_time_difference(spare: Mapping[str, str], rank: Mapping[str, str]) ->
 @dataclass(eq=False)
 class Spare:
     """A warm interpreter and the pool's connection to it. ``child`` is None for one this
-    agent did not start (adopted from the agent before it, or forked from the template):
-    known by its PID and start time, not waitable."""
+    agent did not start (adopted from the agent before it, forked from the template, or a
+    template shared with other agents): known by its PID and start time, not waitable.
+    A ``shared`` one is only ever disconnected from (:func:`kill`): the other agents'
+    spares are forked from it."""
 
     pid: int
     started: int | None
@@ -75,10 +77,15 @@ class Spare:
     born: float = field(default_factory=time.monotonic)
     ready: bool = False
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # ready, or dead
+    shared: bool = False
 
     def alive(self) -> bool:
+        """Running; for a shared template, also still connected to (a connection dropped
+        ends its use here, though it serves on)."""
         if self.child is not None:
             return self.child.returncode is None
+        if self.shared and self.writer.is_closing():
+            return False
         return pid_alive(self.pid) and start_time(self.pid) == self.started
 
     def as_rank(self, job: str, exit_record: Path) -> RankProcess:
@@ -109,8 +116,11 @@ def close(spare: Spare) -> None:
 
 async def kill(spare: Spare) -> int | None:
     """End a spare that is not a rank (its whole session), reap it and remove its socket;
-    its exit status (None for an adopted one, which is nobody's child here)."""
+    its exit status (None for an adopted one, which is nobody's child here). A shared
+    template is only disconnected from: it serves the other agents on."""
     close(spare)
+    if spare.shared:
+        return None
     spare.socket.unlink(missing_ok=True)
     if spare.alive():
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import structlog
 
+from ringmaster.procs import environment
 from ringmaster.rundir import RecordedSpare, recorded_spares, spare_running
 
 log = structlog.get_logger()
@@ -84,13 +85,3 @@ async def predecessors_spares(run_dir: Path, stamp: str) -> list[Found]:
             continue
         found.append((spare, environment(spare.pid), reader, writer))
     return found
-
-
-def environment(pid: int) -> dict[str, str]:
-    """The environment a process started with, from ``/proc``."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
-    return {os.fsdecode(k): os.fsdecode(v) for k, _, v in pairs}

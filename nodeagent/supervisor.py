@@ -85,6 +85,7 @@ class Supervisor:
         simulated: bool = False,
         warm_refill_delay_s: float = 0.0,
         warm_command: Sequence[str] = SPARE,
+        warm_template: Path | None = None,
         rank_defaults: Mapping[str, str] | None = None,
     ) -> None:
         self.node = node
@@ -98,8 +99,14 @@ class Supervisor:
         self.runs: dict[str, JobRun] = {}
         self.shm = Path("/dev/shm")
         # spare interpreters for the built-in trainer (nodeagent.warm_pool); none until
-        # warm_ranks() asks for some
-        self.warm = WarmPool(0, run_dir, command=warm_command, refill_delay_s=warm_refill_delay_s)
+        # warm_ranks() asks for some; forked from the machine's shared template, if given
+        self.warm = WarmPool(
+            0,
+            run_dir,
+            command=warm_command,
+            refill_delay_s=warm_refill_delay_s,
+            template_socket=warm_template,
+        )
 
     def warm_ranks(self, spares: int) -> None:
         """Keep ``spares`` interpreters ready (0: none; started in the background, and

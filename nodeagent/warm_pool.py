@@ -4,7 +4,10 @@ a user's entry script's (run as ``__main__``; once a job of that script ran on t
 the spares also have the libraries it imports, :attr:`WarmPool.preload`).
 
 The pool starts one ``python -m trainer.warm``, the *template*: it imports once and forks
-a spare whenever asked (``nodeagent.warm_template``), in milliseconds. A spare has its own
+a spare whenever asked (``nodeagent.warm_template``), in milliseconds. Given the socket of
+a template the machine's agents share (``template_socket``: a local cluster's), it forks
+from that one instead, and starts its own only when nothing answers there
+(``nodeagent.shared_template``). A spare has its own
 session (its PID will be its rank's process group's id, as for a rank started cold) and
 socket (``proto.warm``): ``READY``, then one launch line. :meth:`WarmPool.take` hands a
 ready spare the launch, waits for ``STARTED`` and returns it as the rank's process; a fork
@@ -75,6 +78,7 @@ class WarmPool:
     command: Sequence[str] = SPARE
     refill_delay_s: float = 0.0
     orphan_s: float | None = None  # an interpreter's wait for a restarted agent (None: its own)
+    template_socket: Path | None = None  # a shared template's, joined instead of our own
     spares: list[Spare] = field(default_factory=list)  # idle: forked, or exec'd
     _starting: int = 0
     import_s: float | None = None  # how long the newest template (or exec'd spare) imported
@@ -98,6 +102,7 @@ class WarmPool:
             wanted=lambda: not self._closed and self.size > 0,
             on_ready=self._template_ready,
             refill_delay_s=self.refill_delay_s,
+            shared=self.template_socket,
         )
 
     @property

@@ -1,13 +1,17 @@
-"""The node's template interpreter as the pool sees it (``nodeagent.warm_pool``): started or
-adopted, asked for forks and for a script's imports, and kept running.
+"""The node's template interpreter as the pool sees it (``nodeagent.warm_pool``): started,
+adopted or shared, asked for forks and for a script's imports, and kept running.
 
 One ``python -m trainer.warm`` per agent imports the training stack (``trainer.warm``);
 every spare after that is a fork of it (``trainer.warm_template``), so a refill costs
-milliseconds of CPU instead of the seconds of a fresh interpreter's imports. Requests go
-one at a time on the pool's connection to it (:class:`Fork`, :class:`Preload`), each
-answered with one line. A template that answers a fork with threads besides its main one
-never forks: the pool is told (``forks`` turns False) and starts spares with ``exec`` from
-then on, as before templates.
+milliseconds of CPU instead of the seconds of a fresh interpreter's imports. Where the
+agents of a machine share one (``shared``: the local cluster's simulated nodes,
+``nodeagent.shared_template``), the pool joins it instead of starting its own; with
+nothing answering there, it starts its own after all (said once), so a missing shared
+template never costs more than the template it stands for. Requests go one at a time on
+the pool's connection to it (:class:`Fork`, :class:`Preload`), each answered with one
+line. A template that answers a fork with threads besides its main one never forks: the
+pool is told (``forks`` turns False) and starts spares with ``exec`` from then on, as
+before templates.
 
 The template is kept while the pool wants spares: one that dies is started again, and one
 that dies before it has served :data:`STEADY_S` is retried with the project's backoff
@@ -33,9 +37,10 @@ from typing import TypeVar
 import msgspec
 import structlog
 
+from nodeagent.shared_template import join, netns
 from nodeagent.spare import Spare, connect, kill, settle, start
 from nodeagent.spare_adoption import code_stamp
-from nodeagent.spare_handover import HANDOVER_S, successor
+from nodeagent.spare_handover import FIRST_IMPORT_WAIT_S, HANDOVER_S, successor
 from proto.warm import Fork, Forked, Preload, Preloaded
 from ringmaster.procs import wait_until_async
 from ringmaster.retry import retrying_async
@@ -66,10 +71,12 @@ class Templates:
     wanted: Callable[[], bool]
     on_ready: Callable[[float | None], None]  # told its import time (None: adopted)
     refill_delay_s: float = 0.0
+    shared: Path | None = None  # the socket of the template this machine's agents share
     current: Spare | None = None
     stamp: str = ""  # the code the template started here imported (its forks' too)
     forks: bool = True  # False once a template had threads: spares are exec'd
     preloaded: str = ""  # the script whose libraries the current template imported
+    fell_back: bool = False  # the shared template did not answer once: said so
     _asking: asyncio.Lock = field(default_factory=asyncio.Lock)
     _task: asyncio.Task[None] | None = None
     _succession: asyncio.Future[Spare | None] | None = None  # of the template handed a launch
@@ -148,7 +155,10 @@ class Templates:
                     imports_s=said.imports_s,
                 )
             fresh = self.directory / f"new-{uuid.uuid4().hex[:12]}.sock"
-            forked = await self._ask(template, Fork(socket=str(fresh)), HANDOVER_S, Forked)
+            fork = Fork(socket=str(fresh), netns=netns() if template.shared else "")
+            # a shared template answers the other agents' requests too (a preload: seconds)
+            bound = PRELOAD_S if template.shared else HANDOVER_S
+            forked = await self._ask(template, fork, bound, Forked)
             if forked is None:
                 return None
             if forked.threads:
@@ -163,15 +173,17 @@ class Templates:
     async def _ask(
         self, template: Spare, request: Fork | Preload, bound: float, answer: type[T]
     ) -> T | None:
-        """The template's answer; None when it has none (it is killed: wedged or gone)."""
+        """The template's answer; None when it has none (it is killed, wedged or gone; a
+        shared one only disconnected from)."""
         try:
             template.writer.write(msgspec.json.encode(request) + b"\n")
             await template.writer.drain()
             line = await asyncio.wait_for(template.reader.readline(), bound)
             return msgspec.json.decode(line, type=answer)
         except (OSError, TimeoutError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("warm template did not answer: killed", pid=template.pid, error=repr(exc))
-            await kill(template)  # the keeper starts the next
+            event = "warm template did not answer: " + ("left" if template.shared else "killed")
+            log.warning(event, pid=template.pid, error=repr(exc))
+            await kill(template)  # the keeper starts (or joins) the next
             return None
 
     async def _no_forks(self, template: Spare, threads: int) -> None:
@@ -210,17 +222,19 @@ class Templates:
         if it died before it served :data:`STEADY_S`."""
         template = self.current
         if template is None:
-            self.preloaded = self.preload()
             self.stamp = code_stamp(self.command)
-            env = dict(self.env())
-            template = await start(
-                self.command, self.directory, self.stamp, env, self.log_path, template=True
-            )
+            template = await self._join() if self.shared is not None else None
+            if template is None:
+                self.preloaded = self.preload()
+                env = dict(self.env())
+                template = await start(
+                    self.command, self.directory, self.stamp, env, self.log_path, template=True
+                )
             if template is None:
                 raise TemplateDied("it could not be started")
             self.current = template
         ready_at = None
-        if await settle(template):  # (a successor says READY on its new socket)
+        if template.ready or await settle(template):  # (a successor says READY anew)
             ready_at = time.monotonic()
             import_s = None  # an adopted one began importing before this agent
             if template.child is not None:
@@ -242,3 +256,23 @@ class Templates:
             log.warning("warm template died: the next starts now", code=code)
             return
         raise TemplateDied(f"it ended with {code} {'after' if ready_at else 'before'} it was ready")
+
+    async def _join(self) -> Spare | None:
+        """The shared template, ready (None: nothing answers there, said once: this pool
+        starts its own). Its forks are named with this agent's stamp: an agent shares
+        only a template of its own install (the local cluster's)."""
+        assert self.shared is not None
+        joined = await join(self.shared, FIRST_IMPORT_WAIT_S)
+        if isinstance(joined, str):
+            if not self.fell_back:
+                log.warning(
+                    "shared warm template does not answer: this agent starts its own",
+                    socket=str(self.shared),
+                    error=joined,
+                )
+            self.fell_back = True
+            return None
+        log.info("warm template shared", pid=joined.pid, socket=str(self.shared))
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # where forks listen
+        self.preloaded = ""  # none of this node's scripts, as far as this agent knows
+        return joined

@@ -17,13 +17,19 @@ any number of :class:`Fork` and :class:`Preload` lines on the same connection, e
 answered with one JSON line (:class:`Forked`, :class:`Preloaded`). A fork is a spare: a
 child of the template listening on the socket the request names, which talks to the agent
 as above (``READY``, one launch, ``STARTED``) and never forks itself. Every line the agent
-sends is one of :data:`Request`, told apart by its ``type``. A launch handed to the
-template itself (it was still importing) names where its successor listens: the template
-forks it first, answers :class:`Forked`, then becomes the rank as a spare does, and the
-successor goes on as the template on its new socket (the agent connects to it there).
+sends is one of :data:`Request`, told apart by its ``type``. A template serves any number
+of connections at once, each request answered on the connection it came on (the agents of
+one machine may share a template: ``WARM_TEMPLATE_ENV``); an agent that did not start it
+asks who it is first (:class:`Identify`), and never hands it a launch. A launch handed to
+the template itself (it was still importing) names where its successor listens: the
+template forks it first, answers :class:`Forked`, then becomes the rank as a spare does,
+and the successor goes on as the template on its new socket (the agent connects to it
+there).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import msgspec
 
@@ -33,6 +39,18 @@ LISTEN_FD_ENV = "RINGMASTER_SPARE_FD"
 ORPHAN_S_ENV = "RINGMASTER_SPARE_ORPHAN_S"
 # a user's entry script whose top-level imports the interpreter imports too, at its start
 PRELOAD_ENV = "RINGMASTER_SPARE_PRELOAD"
+# how many spares an agent keeps (``nodeagent --warm-ranks``; ``coordinatorctl up``
+# passes its environment on, and starts no shared template when it is 0)
+WARM_RANKS_ENV = "RINGMASTER_WARM_RANKS"
+# the socket of a template an agent uses instead of starting its own
+# (``nodeagent --warm-template-socket``)
+WARM_TEMPLATE_ENV = "RINGMASTER_WARM_TEMPLATE_SOCKET"
+
+
+def warm_ranks(environ: Mapping[str, str]) -> int | None:
+    """The spares ``WARM_RANKS_ENV`` asks for; None when it says no number."""
+    value = environ.get(WARM_RANKS_ENV, "").strip()
+    return int(value) if value.isdigit() else None
 
 
 class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="launch"):
@@ -55,9 +73,13 @@ class WarmLaunch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag="
 
 class Fork(msgspec.Struct, forbid_unknown_fields=True, tag="fork"):
     """Fork a spare listening on a new socket at ``socket`` (the template binds it before
-    it answers, so the agent may connect as soon as it reads the answer)."""
+    it answers, so the agent may connect as soon as it reads the answer). ``netns``: the
+    asking agent's network namespace (``/proc/<pid>/ns/net``), which the spare enters
+    when it is not the template's (a template the machine's agents share); empty: the
+    template's."""
 
     socket: str
+    netns: str = ""
 
 
 class Preload(msgspec.Struct, forbid_unknown_fields=True, tag="preload"):
@@ -67,7 +89,11 @@ class Preload(msgspec.Struct, forbid_unknown_fields=True, tag="preload"):
     script: str
 
 
-Request = WarmLaunch | Fork | Preload
+class Identify(msgspec.Struct, forbid_unknown_fields=True, tag="identify"):
+    """Who the template is, asked by an agent that did not start it (:class:`Identity`)."""
+
+
+Request = WarmLaunch | Fork | Preload | Identify
 
 
 class Forked(msgspec.Struct, kw_only=True):
@@ -83,3 +109,11 @@ class Forked(msgspec.Struct, kw_only=True):
 class Preloaded(msgspec.Struct, kw_only=True):
     script: str
     imports_s: float  # how long the imports took (the template's CPU, not a rank's)
+
+
+class Identity(msgspec.Struct, kw_only=True):
+    """A template's PID and the environment it started with, which it imported in: a rank
+    whose environment differs in what is read at import time starts cold."""
+
+    pid: int
+    env: dict[str, str]

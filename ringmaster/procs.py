@@ -1,5 +1,6 @@
 """Process helpers the CLI, the agent's run-dir layout and the tests share: is a PID
-running, when it started, the PID in a PID file, and polling until a condition holds.
+running, when it started, the environment it started with, the PID in a PID file, and
+polling until a condition holds.
 
 Polling comes in two colours, :func:`wait_until` for blocking callers and
 :func:`wait_until_async` for coroutines, with the same contract: call the predicate, return
@@ -77,6 +78,16 @@ class _Deadline:
         if left <= 0:
             raise TimeoutError
         return min(interval, left)
+
+
+def environment(pid: int) -> dict[str, str]:
+    """The environment ``pid`` started with, from ``/proc`` (empty if unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {os.fsdecode(k): os.fsdecode(v) for k, _, v in pairs}
 
 
 def wait_until(

@@ -6,7 +6,8 @@ torchao (seconds on every restart) before it does anything for its job. The node
 (:func:`preload`), then serves the agent on the listening socket it inherited
 (``proto.warm``) as the node's *template* (``trainer.warm_template``): it forks a spare
 whenever the agent asks, each fork an interpreter with all of that imported, for
-milliseconds of CPU instead of seconds. A spare says ``READY`` to the agent's connection
+milliseconds of CPU instead of seconds. ``coordinatorctl up`` starts one the same way for
+all of a local cluster's agents, which share it. A spare says ``READY`` to the agent's connection
 and blocks on one launch line; given one, it becomes the rank exactly as ``exec`` would
 have made it (``trainer.warm_rank``) and runs ``trainer.worker.main``.
 

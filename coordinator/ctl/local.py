@@ -1,7 +1,8 @@
 """``up`` and ``down``: a whole cluster on one machine — an embedded NATS server with
 JetStream, one hardware simulator for all nodes, one real agent per node pointed at its
-simulated tree, and one or two coordinators. Every process is detached (its own session),
-with its PID in ``DIR/pids`` and its log in ``DIR/logs``. With ``auth`` (the default) the
+simulated tree, one warm template the agents fork their spares from (``ctl.warm``), and
+one or two coordinators. Every process is detached (its own session), with its PID in
+``DIR/pids`` and its log in ``DIR/logs``. With ``auth`` (the default) the
 server admits only the users of ``coordinator.auth``: each process gets its own creds file
 in ``DIR/secrets``, by path, and the CLI uses ``operator.json``. With ``netns`` each node
 is a host of its own on a control and a data network (``coordinator.ctl.netns``)."""
@@ -22,6 +23,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from coordinator.auth import OPERATOR, SIMULATOR, agent_user, creds_path
 from coordinator.auth import init as init_auth
 from coordinator.ctl import netns as ns
+from coordinator.ctl import warm
 from coordinator.ctl.errors import CtlError
 from coordinator.ctl.home import (
     LocalCluster,
@@ -33,7 +35,7 @@ from coordinator.ctl.home import (
     pids_dir,
     running,
 )
-from coordinator.ctl.spawn import spawn
+from coordinator.ctl.spawn import last_line, spawn
 from coordinator.embedded_nats import NatsServerMissing, start_nats_server
 from coordinator.kvstore import Buckets, bind, decoded
 from proto.node import NodeRecord, NodeState
@@ -105,9 +107,11 @@ def up(
     )
     (directory / "cluster.json").write_bytes(msgspec.json.encode(local))
     py = sys.executable
+    template = warm.start(directory) if warm.wanted(os.environ) else None  # imports meanwhile
     sim = [py, "-m", "nodeagent.sim", "--root", str(root), "--nodes", ",".join(names)]
     sim += ["--nats", server.url, "--cluster", cluster, "--gpus", str(gpus), *creds(SIMULATOR)]
     sim += ["--netns-host", net.host_addr] if net else []
+    sim += ["--warm-template-socket", str(template)] if template else []
     spawn("simulator", sim, directory)
     try:
         wait_until(lambda: all((root / n / ".ready").exists() for n in names), 60)
@@ -169,7 +173,7 @@ def up(
         asyncio.run(await_nodes(local, operator, seen, timeout))
     except TimeoutError:
         absent = [n for n in names if n not in seen]
-        said = _last_line(logs / f"{agent_process(absent[0])}.log")
+        said = last_line(logs / f"{agent_process(absent[0])}.log")
         raise CtlError(
             f"nodes did not all register within {timeout:.0f} s (missing: {', '.join(absent)}); "
             f"{absent[0]}'s agent last said: {said}; see {logs}"
@@ -180,6 +184,8 @@ def up(
             print(
                 f"ringmaster: {record.id} is {record.state.value}: {why(record)}", file=sys.stderr
             )
+    if template is not None:
+        warm.await_ready(template, logs)  # else the first ranks start cold
     return local
 
 
@@ -263,6 +269,7 @@ def down(directory: Path, timeout: float = 15.0) -> list[str]:
     for pidfile in daemons:
         if pidfile not in deciders:
             stopped += _stop_pidfiles([pidfile], timeout)
+    warm.remove(directory)  # the template's socket (it was stopped with the rest)
     stopped += ns.remove(directory)
     (directory / "cluster.json").unlink(missing_ok=True)
     return stopped
@@ -286,13 +293,3 @@ def _kill_groups(pids: list[int], timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: not any(pid_alive(p) for p in pids), wait)
             return
-
-
-def _last_line(log: Path) -> str:
-    """The log's last line, cut to a readable length ("nothing" for an empty or absent
-    log): what an agent that never registered last said, in the one-line error."""
-    try:
-        lines = log.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        lines = []
-    return lines[-1][:200] if lines else "nothing"

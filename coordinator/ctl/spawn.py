@@ -1,7 +1,8 @@
 """How the local cluster starts its processes, and starts an agent again: each detached
-(its own session), its output appended to its log in ``DIR/logs``, its PID in
-``DIR/pids``, and how it was started (argv, environment, working directory) beside it,
-so a crashed agent is started again as systemd would from its unit."""
+(its own session), its output appended to its log in ``DIR/logs`` (whose last line an
+error may quote), its PID in ``DIR/pids``, and how it was started (argv, environment,
+working directory) beside it, so a crashed agent is started again as systemd would from
+its unit."""
 
 from __future__ import annotations
 
@@ -20,17 +21,23 @@ from ringmaster.auth import ENV as ENV_CREDS
 from ringmaster.procs import pid_alive, read_pid, wait_until
 
 
+def daemon_env() -> dict[str, str]:
+    """A daemon's environment: ours, less the caller's creds (each process gets its own by
+    flag)."""
+    return {k: v for k, v in os.environ.items() if k != ENV_CREDS} | {"PYTHONUNBUFFERED": "1"}
+
+
 def spawn(
     name: str,
     argv: list[str],
     directory: Path,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
+    fds: tuple[int, ...] = (),
 ) -> int:
     """Start ``name`` detached, its output appended to its log, its PID in ``pids/``;
-    ``env`` None: ours, less the caller's creds (each process gets its own by flag)."""
-    if env is None:
-        env = {k: v for k, v in os.environ.items() if k != ENV_CREDS} | {"PYTHONUNBUFFERED": "1"}
+    ``env`` None: :func:`daemon_env`; ``fds``: descriptors it inherits."""
+    env = daemon_env() if env is None else env
     with (directory / "logs" / f"{name}.log").open("ab") as log:
         proc = subprocess.Popen(
             argv,
@@ -40,6 +47,7 @@ def spawn(
             start_new_session=True,
             env=env,
             cwd=cwd,
+            pass_fds=fds,
         )
     pid_file(directory, name).write_text(str(proc.pid))
     launch = {"argv": argv, "env": env, "cwd": cwd}
@@ -101,3 +109,13 @@ class _Launch(msgspec.Struct):
     argv: list[str]
     env: dict[str, str]
     cwd: str | None = None
+
+
+def last_line(log: Path) -> str:
+    """The log's last line, cut to a readable length ("nothing" for an empty or absent
+    log): what an agent that never registered last said, in the one-line error."""
+    try:
+        lines = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        lines = []
+    return lines[-1][:200] if lines else "nothing"

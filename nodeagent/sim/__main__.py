@@ -53,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ADDR (coordinatorctl up --netns): the metadata services listen there, and the "
         "agents read their links (real veths) from their namespace's /sys",
     )
+    parser.add_argument(
+        "--warm-template-socket",
+        metavar="PATH",
+        help="the agents fork their spares from the template listening here, which this "
+        "machine's agents share (coordinatorctl up starts it)",
+    )
     args = parser.parse_args(argv)
     try:
         subjects.check_token(args.cluster, "cluster")
@@ -99,7 +105,9 @@ async def run(args: argparse.Namespace) -> None:
     # in a namespace the data link and TCP's counters are real: the agent reads them where
     # the kernel shows them (/proc/net follows the namespace)
     real = {"nic_sysfs": "/sys", "tcp_procfs": "/proc"}
-    links = {"network": real} if args.netns_host else None
+    overrides: dict[str, object] = {"network": real} if args.netns_host else {}
+    if args.warm_template_socket:
+        overrides["warm_template_socket"] = args.warm_template_socket
     nodes = [
         SimulatedNode(args.root / n, n, args.nvme_devices, gpus=args.gpus, metadata=services[n])
         for n in args.nodes
@@ -107,7 +115,7 @@ async def run(args: argparse.Namespace) -> None:
     for node in nodes:
         (node.root / ".ready").unlink(missing_ok=True)  # a marker left by an earlier run
         node.tick(args.tick)
-        agent_config.write(node, links)
+        agent_config.write(node, overrides)
         if node.gpus is not None and node.gpus.error:
             log.warning("no simulated GPUs", node=node.node, error=node.gpus.error)
     try:

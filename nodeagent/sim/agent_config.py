@@ -2,7 +2,8 @@
 
 The agent on a simulated node is the real agent; this file only points its roots and
 sources at what the simulator keeps for that node (trees, stub NVML library, SMART logs,
-clock skew, metadata service), and shortens intervals and hold times so that an injected
+clock skew, metadata service) and, given one, at the warm template the machine's agents
+share (``warm_template_socket``), and shortens intervals and hold times so that an injected
 fault shows within seconds. Whoever starts the agent passes ``--config <node>/agent.toml``;
 command-line flags still override it.
 """

@@ -117,20 +117,20 @@ def daemon_addresses(home: Path, network: str = "ctl") -> set[str]:
     return {n.ctl_addr for n in [*net.nodes.values(), net.coordinators]}
 
 
-# No spare interpreters unless a scenario asks for them (``ctl.env[WARM] = "1"`` before
-# ``up``, or ``RINGMASTER_WARM_RANKS=1`` in the environment): each node's template imports
-# torch and DeepSpeed at every ``up``, seconds of CPU per node whether or not a rank runs
-# there (its spares are forks, milliseconds each); these scenarios check reactions, not
-# restart speed (the benchmarks do), and a rank started cold goes through the same launch
-# as a warm one, less the hand-over.
+# Spare interpreters as the agents keep them by default (two a simulated node), unless a
+# scenario says otherwise (``ctl.env[WARM] = "1"`` before ``up``) or the environment does
+# (``RINGMASTER_WARM_RANKS=0``: every rank starts cold). They are forks of the one
+# template ``up`` starts for the whole cluster, which imports torch and DeepSpeed once per
+# ``up`` (about 4.5 CPU-s), where each rank started cold imports them for itself: a warm
+# start costs a few tenths of a CPU-second, so a scenario of a few restarts is cheaper with
+# them than without, and its ranks start the way production's do.
 WARM = "RINGMASTER_WARM_RANKS"
-SPARES = {WARM: "0"}
 
 
 class Ctl:
     def __init__(self, home: Path, **env: str) -> None:
         self.home = home
-        self.env = {**SPARES, **os.environ, "RINGMASTER_HOME": str(home), **env}
+        self.env = {**os.environ, "RINGMASTER_HOME": str(home), **env}
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         if EVERY_UP_NAMESPACED and args[:1] == ("up",) and "--netns" not in args:

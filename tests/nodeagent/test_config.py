@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.cli import parse
 from nodeagent.collectors.nvme import NvmeDeviceReading, NvmeLatencySample
 from nodeagent.config import ConfigError, load
 from nodeagent.detectors.nvme import NvmeLatencyDetector
 from nodeagent.registry import build
 from nodeagent.sim import agent_config
 from nodeagent.sim.node import SimulatedNode
+from proto.warm import WARM_TEMPLATE_ENV
 
 
 @pytest.mark.parametrize(
@@ -32,6 +34,14 @@ from nodeagent.sim.node import SimulatedNode
         ("[gpu]\nthermal_confirm = 0\n", "Expected `int` >= 1 - at `$.gpu.thermal_confirm`"),
         ("stop_grace_s = 5\n", "Object contains unknown field `stop_grace_s`"),
         ("warm_ranks = -1\n", "Expected `int` >= 0 - at `$.warm_ranks`"),
+        (
+            'warm_template_socket = "t.sock"\n',
+            "warm_template_socket must be an absolute path: 't.sock'",
+        ),
+        (
+            f'warm_template_socket = "/{"d" * 120}.sock"\n',
+            "warm_template_socket is longer than a Unix socket's path may be (107 bytes)",
+        ),
     ],
 )
 def test_bad_settings_name_the_key(tmp_path: Path, toml: str, message: str) -> None:
@@ -92,3 +102,16 @@ def test_spare_interpreters_default_to_one_per_gpu(tmp_path: Path) -> None:
     assert load(None, {"simulated": True}).warm_spares(gpus=8) == 2  # the host's cores
     assert load(None, {"warm_ranks": 0}).warm_spares(gpus=8) == 0  # off
     assert load(None, {"warm_ranks": 3, "simulated": True}).warm_spares(gpus=8) == 3
+
+
+def test_a_shared_template_comes_from_the_config_a_flag_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text('warm_template_socket = "/run/from-config.sock"\n')
+    assert load(path, {}).warm_template_socket == "/run/from-config.sock"
+    assert load(None, {}).warm_template_socket == ""  # the pool's own template
+    flag = parse(["--warm-template-socket", "/run/from-flag.sock"]).warm_template_socket
+    assert load(path, {"warm_template_socket": flag}).warm_template_socket == flag
+    monkeypatch.setenv(WARM_TEMPLATE_ENV, "/run/from-env.sock")
+    assert parse([]).warm_template_socket == "/run/from-env.sock"

@@ -1,7 +1,8 @@
 """``coordinatorctl down`` on a local cluster stops the coordinators and agents first (so
 nobody restarts or launches ranks meanwhile), then the training ranks and spare
 interpreters it finds through the agents' run directories (both outlive their agent), then
-the rest, and leaves no PID file of its own behind."""
+the rest (the warm template the agents shared among them, its socket removed), and leaves
+no PID file of its own behind."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from warm_stand_in import stand_in
 
+from coordinator.ctl import warm
 from coordinator.ctl.home import agent_run_dir, pid_file, pids_dir
 from coordinator.ctl.local import down
 from proto.job import shm_staging_name
 from ringmaster import memory_store
-from ringmaster.procs import pid_alive, start_time
+from ringmaster.procs import pid_alive, read_pid, start_time
 from ringmaster.rundir import JOB_ENV, JobDir, spare_dir, spare_socket
 
 
@@ -94,3 +97,16 @@ def test_down_removes_the_checkpoint_staging_its_killed_ranks_leave_in_ram(
 
     assert "checkpoint staging of j1" in stopped
     assert not (shm / shm_staging_name("j1")).exists() and other.is_dir()
+
+
+def test_down_stops_the_warm_template_with_the_rest_and_removes_its_socket(
+    tmp_path: Path,
+) -> None:
+    for made in (tmp_path / "logs", pids_dir(tmp_path)):
+        made.mkdir()
+    path = warm.start(tmp_path, stand_in(tmp_path))  # as up starts it
+    assert warm.await_ready(path, tmp_path / "logs", timeout=30)
+    pid = read_pid(pid_file(tmp_path, warm.PROCESS))
+    assert pid is not None and pid_alive(pid)
+    assert down(tmp_path, timeout=5) == [f"{warm.PROCESS} ({pid})"]
+    assert not pid_alive(pid) and not path.exists()

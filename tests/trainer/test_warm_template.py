@@ -2,7 +2,9 @@
 spares that become ranks as a spare started on its own would (environment, directory,
 log, CPUs, own session); it leaves the status of a forked rank in its exit record, a
 signal's too; it forks nothing once it has a thread; it imports a script's libraries once
-for every fork; it and its forks wait for the next agent, then end on their own."""
+for every fork; it serves several agents at once, each on its own connection, says who it
+is, and forks into the asking agent's network namespace; it and its forks wait for the
+next agent, then end on their own."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 import pytest
@@ -25,6 +28,8 @@ from proto.warm import (
     STARTED,
     Fork,
     Forked,
+    Identify,
+    Identity,
     Preload,
     Preloaded,
     WarmLaunch,
@@ -51,6 +56,7 @@ TEMPLATE = textwrap.dedent(
         print("env", os.environ.get("ONLY_IN_RANK"), os.environ.get("ONLY_IN_TEMPLATE"))
         print("cpus", sorted(os.sched_getaffinity(0)))
         print("session", os.getsid(0) == os.getpid())
+        print("netns", os.stat("/proc/self/ns/net").st_ino)
         time.sleep(float(os.environ.get("SLEEP", "0")))
         return int(os.environ.get("CODE", "0"))
 
@@ -89,11 +95,16 @@ class Agent:
         self.connect()
 
     def connect(self) -> None:
-        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.conn.settimeout(60)
-        self.conn.connect(str(self.path))
-        self.words = self.conn.makefile("rb")
-        assert self.words.readline() == READY
+        self.conn, self.words = self.join()
+
+    def join(self) -> tuple[socket.socket, BinaryIO]:
+        """One more agent's connection to the same template, READY read."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(60)
+        conn.connect(str(self.path))
+        words = conn.makefile("rb")
+        assert words.readline() == READY
+        return conn, words
 
     def leave(self) -> None:
         self.words.close()
@@ -103,10 +114,10 @@ class Agent:
         self.conn.sendall(msgspec.json.encode(request) + b"\n")
         return self.words.readline()
 
-    def fork(self) -> tuple[int, Path]:
+    def fork(self, netns: str = "") -> tuple[int, Path]:
         """A spare forked from the template, and its socket (READY already read)."""
         path = self.tmp_path / f"spare-{len(self.forks)}.sock"
-        forked = msgspec.json.decode(self.ask(Fork(socket=str(path))), type=Forked)
+        forked = msgspec.json.decode(self.ask(Fork(socket=str(path), netns=netns)), type=Forked)
         assert forked.pid, forked
         self.forks.append(forked.pid)
         return forked.pid, path
@@ -271,3 +282,66 @@ def test_a_template_handed_a_launch_leaves_a_successor_that_forks_on(
     assert agent.launch(spare, second) == STARTED
     assert exited(Path(second.exit_record), pid) == ExitRecord(pid, 6)
     assert agent.starts() == 1
+
+
+def test_several_agents_are_served_at_once_each_on_its_own_connection(
+    tmp_path: Path, agents: list[Agent]
+) -> None:
+    """The agents of a machine share one template: a request half sent on one connection
+    holds up none on another, each answer comes on its own connection, and one agent
+    leaving ends nothing of the other's."""
+    agent = template(tmp_path, agents)
+    other, words = agent.join()
+    line = msgspec.json.encode(Fork(socket=str(tmp_path / "first.sock"))) + b"\n"
+    agent.conn.sendall(line[:10])  # the first agent's request, half sent
+    other.sendall(msgspec.json.encode(Identify()) + b"\n")
+    said = msgspec.json.decode(words.readline(), type=Identity)
+    assert said.pid == agent.proc.pid and said.env["ONLY_IN_TEMPLATE"] == "template"
+    other.sendall(msgspec.json.encode(Fork(socket=str(tmp_path / "second.sock"))) + b"\n")
+    second = msgspec.json.decode(words.readline(), type=Forked).pid
+    agent.conn.sendall(line[10:])
+    first = msgspec.json.decode(agent.words.readline(), type=Forked).pid
+    agent.forks += [first, second]
+    assert first and second and first != second
+    agent.leave()  # the first agent stops: the other's spare and template serve on
+    rank = launch(tmp_path, "a", CODE="5")
+    assert agent.launch(tmp_path / "second.sock", rank) == STARTED
+    assert exited(Path(rank.exit_record), second) == ExitRecord(second, 5)
+    agent.conn, agent.words = other, words
+    _, spare = agent.fork()
+    assert agent.launch(spare, launch(tmp_path, "b")) == STARTED
+    assert agent.starts() == 1
+
+
+@pytest.fixture
+def other_netns() -> Iterator[Path]:
+    """A network namespace other than ours, held by a process (root's: else skipped)."""
+    try:
+        holder = subprocess.Popen(["unshare", "--net", "sleep", "600"], stderr=subprocess.DEVNULL)
+    except FileNotFoundError:
+        pytest.skip("no unshare command")
+    path, ours = Path(f"/proc/{holder.pid}/ns/net"), Path("/proc/self/ns/net").stat().st_ino
+    try:
+        wait_until(lambda: holder.poll() is not None or path.stat().st_ino != ours, 10)
+        if holder.poll() is not None:
+            pytest.skip("no network namespace can be made here (root only)")
+        yield path
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_fork_enters_the_asking_agents_network_namespace(
+    tmp_path: Path, agents: list[Agent], other_netns: Path
+) -> None:
+    """A shared template runs in the host's namespace, an agent of ``up --netns`` in its
+    node's: the fork, a rank to be, goes where that agent's ranks live, and its socket,
+    a path, is reached from both."""
+    agent = template(tmp_path, agents)
+    own = Path(f"/proc/{os.getpid()}/ns/net")
+    for name, netns in (("a", other_netns), ("b", own)):  # own: the template's, none entered
+        pid, spare = agent.fork(netns=str(netns))
+        rank = launch(tmp_path, name, CODE="2")
+        assert agent.launch(spare, rank) == STARTED
+        assert exited(Path(rank.exit_record), pid) == ExitRecord(pid, 2)
+        assert f"netns {netns.stat().st_ino}" in Path(rank.log).read_text().splitlines()
