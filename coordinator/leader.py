@@ -16,13 +16,12 @@ import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from prometheus_client import Histogram
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from coordinator import node_life
+from coordinator import node_life, pull
 from coordinator.jobs import JobManager
 from coordinator.kvstore import Buckets, KvCasStore
 from coordinator.node_keeper import NodeKeeper
@@ -176,25 +175,20 @@ class Leadership:
             await work()
             await asyncio.sleep(max(0.0, period - (time.monotonic() - started)))
 
-    async def _consume(self, stream: str, durable: str, handle: Handler) -> None:
-        """A durable pull consumer: a new leader resumes exactly where the last one acked."""
+    async def _consume(self, stream: str, name: str, handle: Handler) -> None:
+        """A durable pull consumer: a new leader resumes exactly where the last one acked.
+        Each message is handled as it arrives (:mod:`coordinator.pull`), then acked."""
         config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=1000)
-        sub = await self.js.pull_subscribe("", durable=durable, stream=stream, config=config)
-        me = asyncio.current_task()
-        while True:
+        await pull.durable(self.js, stream, name, config)
+
+        async def handled(msg: Msg) -> None:
             try:
-                msgs = await sub.fetch(batch=100, timeout=1.0)
-            except (NatsTimeout, TimeoutError):
-                # nats-py can turn a cancellation inside fetch into a timeout
-                if me is not None and me.cancelling():
-                    raise asyncio.CancelledError from None
-                continue
-            for msg in msgs:
-                try:
-                    await handle(msg.subject, msg.data)
-                except Exception as exc:
-                    log.error("handling failed", stream=stream, error=repr(exc))
-                await msg.ack()
+                await handle(msg.subject, msg.data)
+            except Exception as exc:
+                log.error("handling failed", stream=stream, error=repr(exc))
+            await msg.ack()
+
+        await pull.Puller(self.nc, stream, name).run(handled)
 
     async def _on_event(self, subject: str, data: bytes) -> None:
         try:
