@@ -70,6 +70,7 @@ class Puller:
         self.batch, self.expires_s, self.grace_s = batch, expires_s, grace_s
         self.subject = f"{DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self.requests = 0  # pull requests sent so far
+        self.reply, self.body = "", b""  # the latest one's reply subject and body
 
     async def run(self, handle: Handler) -> None:
         """Hand every message to ``handle``, in the order they arrive, until cancelled.
@@ -87,7 +88,8 @@ class Puller:
         """One pull request, from sending it to its end."""
         self.requests += 1
         body = {"batch": self.batch, "expires": int(self.expires_s * 1e9)}
-        await self.nc.publish(self.subject, json.dumps(body).encode(), reply=reply)
+        self.reply, self.body = reply, json.dumps(body).encode()
+        await self.nc.publish(self.subject, self.body, reply=reply)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.expires_s + self.grace_s
         left = self.batch

@@ -24,6 +24,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from coordinator import pull
 from coordinator.embedded_nats import NatsServer
 from ringmaster.procs import wait_until_async
+from tests.waits import until_async
 
 pytestmark = pytest.mark.anyio
 STREAM, CONSUMER = "EVENTS", "leader"
@@ -36,7 +37,6 @@ class Bus:
     nc: Client  # the consumer's
     other: Client  # the publishers' and the spy's
     js: JetStreamContext
-    requests: list[Msg] = field(default_factory=list)  # pull requests, as the server got them
     handled: list[bytes] = field(default_factory=list)
 
     async def handle(self, msg: Msg) -> None:
@@ -47,14 +47,6 @@ class Bus:
         """What the server sends when a pull request ends, sent to ``reply``."""
         await self.other.publish(reply, b"", headers={"Status": status, "Description": said})
         await self.other.flush()
-
-    async def sent(self, count: int) -> Msg:
-        """The consumer's ``count``-th pull request, once it has reached the server."""
-
-        async def there() -> Msg | None:
-            return self.requests[count - 1] if len(self.requests) >= count else None
-
-        return await wait_until_async(there, WAIT_S, interval=0.01)
 
     async def arrived(self, data: bytes) -> None:
         async def seen() -> bool:
@@ -72,12 +64,6 @@ async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
     config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=1000)
     await pull.durable(nc.jetstream(), STREAM, CONSUMER, config)
     bus = Bus(nc, other, js)
-
-    async def spied(msg: Msg) -> None:
-        bus.requests.append(msg)
-
-    await other.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMER}", cb=spied)
-    await other.flush()
     try:
         yield bus
     finally:
@@ -90,6 +76,19 @@ async def running(bus: Bus) -> tuple[pull.Puller, asyncio.Task[None]]:
     return puller, asyncio.create_task(puller.run(bus.handle))
 
 
+async def sent(puller: pull.Puller, count: int) -> str:
+    """The reply subject of the consumer's ``count``-th pull request, once it is sent (the
+    server's own answers, not a spy, show that it arrived: a client subscribed to the
+    JetStream API's subject does not see every request)."""
+
+    def there() -> bool:
+        return puller.requests >= count
+
+    await until_async(there, WAIT_S, f"pull request {count}", lambda: puller.requests)
+    assert puller.requests == count  # no request ends while a test has not ended it
+    return puller.reply
+
+
 async def stopped(task: asyncio.Task[None]) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -98,25 +97,25 @@ async def stopped(task: asyncio.Task[None]) -> None:
 
 async def test_a_message_is_handed_over_while_its_request_is_still_open(bus: Bus) -> None:
     puller, task = await running(bus)
-    first = await bus.sent(1)
-    assert first.data == b'{"batch": 100, "expires": 60000000000}'  # lingers, never no_wait
+    await sent(puller, 1)
+    assert puller.body == b'{"batch": 100, "expires": 60000000000}'  # lingers, never no_wait
     for i in range(3):
         await bus.js.publish("ev.x", b"event %d" % i)
         await bus.arrived(b"event %d" % i)  # not after the rest of a batch of 100
-    assert puller.requests == 1 and len(bus.requests) == 1  # the same request brought all
+    assert puller.requests == 1  # the same request brought all
     await stopped(task)
 
 
 async def test_a_late_end_of_an_earlier_request_ends_nothing(bus: Bus) -> None:
     puller, task = await running(bus)
-    first = await bus.sent(1)
-    await bus.end(first.reply)  # its end, as the server says it
-    second = await bus.sent(2)
-    assert first.reply != second.reply  # each request has a reply subject of its own
-    await bus.end(first.reply)  # the first's end again, late: the second is still open
+    first = await sent(puller, 1)
+    await bus.end(first)  # its end, as the server says it
+    second = await sent(puller, 2)
+    assert first != second  # each request has a reply subject of its own
+    await bus.end(first)  # the first's end again, late: the second is still open
     await bus.js.publish("ev.x", b"after")  # reaches the consumer after that late 408
     await bus.arrived(b"after")
-    assert puller.requests == 2 and len(bus.requests) == 2
+    assert puller.requests == 2
     await stopped(task)
 
 
@@ -124,8 +123,8 @@ async def test_what_a_request_given_up_on_brings_is_handled_at_once(bus: Bus) ->
     """The server still holds the first request, which the consumer took as ended: the
     messages go to it (the oldest), and are handled all the same, not held for its end."""
     puller, task = await running(bus)
-    await bus.end((await bus.sent(1)).reply)
-    await bus.sent(2)
+    await bus.end(await sent(puller, 1))
+    await sent(puller, 2)
     for i in range(3):
         await bus.js.publish("ev.x", b"event %d" % i)
         await bus.arrived(b"event %d" % i)
@@ -135,7 +134,7 @@ async def test_what_a_request_given_up_on_brings_is_handled_at_once(bus: Bus) ->
 
 async def test_a_request_the_server_refuses_ends_the_run(bus: Bus) -> None:
     puller, task = await running(bus)
-    await bus.end((await bus.sent(1)).reply, "409", "Consumer Deleted")
+    await bus.end(await sent(puller, 1), "409", "Consumer Deleted")
     with pytest.raises(pull.PullRefused, match="409 Consumer Deleted"):
         await task
     assert puller.requests == 1
@@ -147,6 +146,10 @@ async def test_durable_keeps_a_consumer_that_is_there(bus: Bus) -> None:
     _, task = await running(bus)
     await bus.arrived(b"handled before")
     await stopped(task)
+    # the stopped puller's subscription is gone from the server before the next event
+    # (else the server hands the event to its still-open request, and it comes back only
+    # after the ack wait)
+    await bus.nc.flush()
     await bus.js.publish("ev.x", b"left for the next leader")
     config = ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_ack_pending=1000)
     await pull.durable(bus.nc.jetstream(), STREAM, CONSUMER, config)

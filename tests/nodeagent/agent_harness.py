@@ -175,6 +175,15 @@ class NotifySocket:
             with suppress(TimeoutError):
                 self.messages.append(self.sock.recv(4096).decode())
 
+    async def said(self, ending: str, timeout: float = 10.0) -> None:
+        """Until the agent has sent a message ending with ``ending`` (its watchdog pings
+        carry the status it had at the time)."""
+
+        def sent() -> bool:
+            return any(m.endswith(ending) for m in list(self.messages))
+
+        await until_async(sent, timeout, f"a notify message ending {ending!r}", self.messages.copy)
+
     def close(self) -> list[str]:
         self._stop.set()
         self._thread.join()

@@ -275,6 +275,7 @@ async def test_published_events_match_the_golden_file(
             )
             notice = condition_key(ConditionKind.PREEMPTION, NODE, "aws")
             await tap.beat(lambda b: keys(b) == [notice])
+            await notify.said(f"collectors ok; conditions: {notice}")  # its next watchdog ping
 
             proc.send_signal(signal.SIGTERM)
             await step("sigterm", kind("spot.notice", provider="sigterm"))
