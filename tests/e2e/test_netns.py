@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_harness import Ctl, eventually, netns_unavailable
+from cli_harness import Ctl, eventually, first_event, netns_unavailable, restarted
 
 from coordinator.ctl import local
 from coordinator.ctl import netns as ns
@@ -101,8 +101,8 @@ def test_data_link_down_drains_the_node_and_the_job_goes_on_elsewhere(
 
     eventually(link_condition, 30, lambda: "node-1's net.link never opened", 0.5)
     moved = ctl.wait(job, lambda s: "node-1" not in s["nodes"] and s["restarts"] >= 1)
-    restarted = [e for e in ctl.events("--job", job) if e["kind"] == "job.restarted"]
-    resumed_from = restarted[-1]["from_step"]
+    # the record may say so before the restart's event is readable: wait for the event
+    resumed_from = restarted(ctl, job, moved["restarts"])["from_step"]
     after = ctl.wait(job, lambda s: s["state"] == "running" and s["step"] > resumed_from)
     seconds = time.monotonic() - faulted
     assert sorted(after["nodes"]) == ["node-0", "node-2"], moved
@@ -138,7 +138,7 @@ def test_a_node_cut_off_from_its_peers_is_left_out_and_its_peers_are_not(
     ctl("inject", "node-2", "partition=node-1")
     after = ctl.wait(job, lambda s: s["restarts"] >= 1 and s["state"] == "running", timeout=120)
     assert sorted(after["nodes"]) == ["node-0", "node-1", "node-3"], after
-    [recovering] = [e for e in ctl.events("--job", job) if e["kind"] == "job.recovering"][:1]
+    recovering = first_event(ctl, job, "job.recovering")
     assert "node-2: unreachable from node-0" in recovering["reason"], recovering
     assert "node-1 (cannot reach node-2" in recovering["reason"], recovering
     ctl("inject", "node-2", "clear")
