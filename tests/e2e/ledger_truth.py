@@ -68,13 +68,9 @@ def stalled_gaps(run: Attempt, threshold: float) -> float:
     return total
 
 
-def redone_seconds(run: Attempt, past: int) -> float:
-    """Training seconds ``run`` spent on its steps after step ``past``: their count × the
-    median of their own gaps from the step before (the first step's: the attempt's
-    median), each less the pauses and checkpoint stalls inside it. Their own gaps, since
-    the steps just before a fault ran under that moment's load, not the attempt's average;
-    their median, since a gap that held something else (an evaluation, a save of the
-    loop's own) is not a step's time."""
+def redone_gaps(run: Attempt, past: int) -> list[float]:
+    """The gaps of ``run``'s steps after step ``past`` from the step before (the first
+    step's: the attempt's median), each less the pauses and checkpoint stalls inside it."""
     median = statistics.median(s for _, _, s in run.steps)
     gaps, before = [], run.steps[0][0] - median
     for wall, step, _ in run.steps:
@@ -83,6 +79,16 @@ def redone_seconds(run: Attempt, past: int) -> float:
             stalled = sum(s for at, s in run.stalls if before < at <= wall)
             gaps.append(max(0.0, wall - before - paused - stalled))
         before = wall
+    return gaps
+
+
+def redone_seconds(run: Attempt, past: int) -> float:
+    """Training seconds ``run`` spent on its steps after step ``past``: their count × the
+    median of their own gaps (:func:`redone_gaps`). Their own gaps, since the steps just
+    before a fault ran under that moment's load, not the attempt's average; their median,
+    since a gap that held something else (an evaluation, a save of the loop's own) is not
+    a step's time."""
+    gaps = redone_gaps(run, past)
     return len(gaps) * statistics.median(gaps) if gaps else 0.0
 
 
@@ -132,7 +138,11 @@ class Tolerance:
     and per pause. Lost work is redone steps × a time per step, the coordinator's from
     its step reports, the ranks' from the redone steps' own gaps: off by at most the
     spread of step times (p90 − p10) per redone step, plus one step's ambiguity per
-    restart."""
+    restart, plus whatever a redone step's own gap ran past the p90 (``redone_excess_s``).
+    The ranks' account cannot tell such a gap's slow step from a rank stopped inside it (a
+    hang that let the step finish after it was found): the coordinator counts that time
+    as recovery or training, the ranks' median as lost work. Those seconds are still
+    judged as training, productive and lost work together, within ``bucket_s``."""
 
     step_p10_s: float
     step_p90_s: float
@@ -140,6 +150,7 @@ class Tolerance:
     boundaries: int
     redone_steps: int
     restarts: int
+    redone_excess_s: float = 0.0
 
     @property
     def per_boundary_s(self) -> float:
@@ -152,14 +163,19 @@ class Tolerance:
     @property
     def lost_work_s(self) -> float:
         spread = self.step_p90_s - self.step_p10_s
-        return self.redone_steps * spread + self.restarts * self.step_p90_s + self.lag_s
+        return (
+            self.redone_steps * spread
+            + self.restarts * self.step_p90_s
+            + self.lag_s
+            + self.redone_excess_s
+        )
 
     def __str__(self) -> str:
         return (
             f"steps p10 {self.step_p10_s:.3f} s, p90 {self.step_p90_s:.3f} s; delivery lag "
             f"{self.lag_s:.2f} s; {self.boundaries} boundaries × {self.per_boundary_s:.2f} s "
             f"= {self.bucket_s:.2f} s a bucket; lost work ± {self.lost_work_s:.2f} s "
-            f"({self.redone_steps} steps redone)"
+            f"({self.redone_steps} steps redone, {self.redone_excess_s:.2f} s of them past the p90)"
         )
 
 
@@ -187,10 +203,12 @@ def tolerance(final: Mapping[str, Any], runs: list[Attempt], events: list[Any]) 
     logged["job.resumed"] = [b for run in runs for _, b in run.pauses]
     for kind, walls in logged.items():
         lags += [t - w for w, t in zip(sorted(walls), said[kind], strict=False)]
-    redone, before = 0, None
+    redone, excess, before = 0, 0.0, None
     for run in (run for run in runs if run.steps):  # as truth() pairs them
         if before is not None:
-            redone += sum(1 for _, step, _ in before.steps if step > run.resumed_from)
+            gaps = redone_gaps(before, run.resumed_from)
+            redone += len(gaps)
+            excess += sum(max(0.0, gap - p90) for gap in gaps)
         before = run
     restarts = final["restarts"]
     return Tolerance(
@@ -200,6 +218,7 @@ def tolerance(final: Mapping[str, Any], runs: list[Attempt], events: list[Any]) 
         boundaries=2 + 2 * restarts + 2 * final["pauses"],
         redone_steps=redone,
         restarts=restarts,
+        redone_excess_s=excess,
     )
 
 
