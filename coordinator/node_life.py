@@ -52,6 +52,9 @@ PROBATION_S: Mapping[str, float] = {
 DEFAULT_PROBATION_S = 300.0  # any other critical condition
 REPEATS = 3  # the same kind of fault this many times …
 REPEAT_WINDOW_S = 3600.0  # … within this long holds the node for a person
+# kinds that drain and serve their probation but never hold a node: a preemption notice is
+# the provider's word about the machine, not a fault of it, and no person can mend it
+NEVER_HELD = frozenset({"spot.notice"})
 
 
 class Input(StrEnum):
@@ -191,7 +194,7 @@ def step(
             kind=cause.kind,
             evidence=cause.evidence,
             opened_at=now,
-            counted=not again,
+            counted=not again and cause.kind not in NEVER_HELD,
         )
         life.faults.append(fault)
         if cause.kind not in life.episode:

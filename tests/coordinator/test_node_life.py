@@ -326,7 +326,7 @@ def test_the_defaults_are_the_documented_ones() -> None:
 def test_a_spot_notice_that_passes_returns_after_its_probation_and_stays_on_record() -> None:
     """The notice's condition closed (withdrawn, or its deadline went by with the node up):
     the node takes work again once its gate has passed for the notice's probation, and
-    the notice stays in its history for the hour (a third within it holds the node)."""
+    the notice stays in its history for the hour; notices never hold a node."""
     notice = Cause("spot.notice:n:aws", "spot.notice", "aws: terminate by 10:00:00 UTC")
     t = Tour()
     t.see(0.0, notice)
@@ -338,6 +338,11 @@ def test_a_spot_notice_that_passes_returns_after_its_probation_and_stays_on_reco
     assert [(f.key, f.evidence, f.closed_at) for f in t.life.faults] == [
         (notice.key, notice.evidence, 85.0)
     ]
+    for opened in (200.0, 400.0):  # a second and a third notice within the hour
+        [drained] = t.see(opened, notice)
+        assert drained.input is Input.OPENED and not t.life.held
+        t.see(opened + 10.0)
+    assert len(t.life.faults) == 3 and not t.life.held
 
 
 def test_probation_overrides() -> None:
