@@ -109,6 +109,27 @@ async def coordinator(nats_server: NatsServer) -> AsyncIterator[Coordinator]:
         await asyncio.wait_for(running, timeout=15)
 
 
+async def registered_agents(nc: Client, coordinator: Coordinator) -> tuple[Agents, list[bytes]]:
+    """The simulated agents answering commands, every node registered with the leader, and
+    the ``worker.exited`` events it publishes from then on."""
+    agents = Agents(nc)
+    exits: list[bytes] = []
+
+    async def on_exit(msg: Msg) -> None:
+        exits.append(msg.data)
+
+    await nc.subscribe(subjects.command(CLUSTER, "*"), cb=agents.on_command)
+    await nc.subscribe(subjects.events_filter(CLUSTER, kind="worker.exited"), cb=on_exit)
+    for node in NODES:
+        await agents.send(agents.beat(node))
+
+    async def registered() -> bool:
+        return all(n in coordinator.registry.nodes for n in NODES)
+
+    await wait_until_async(registered, timeout=30)
+    return agents, exits
+
+
 async def test_a_beat_built_before_the_launch_and_delivered_after_it_harms_nothing(
     nats_server: NatsServer, coordinator: Coordinator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -132,22 +153,8 @@ async def test_a_beat_built_before_the_launch_and_delivered_after_it_harms_nothi
 
     nc = await nats.connect(nats_server.url)
     try:
-        agents = Agents(nc)
-        exits: list[bytes] = []
-
-        async def on_exit(msg: Msg) -> None:
-            exits.append(msg.data)
-
-        await nc.subscribe(subjects.command(CLUSTER, "*"), cb=agents.on_command)
-        await nc.subscribe(subjects.events_filter(CLUSTER, kind="worker.exited"), cb=on_exit)
-        for node in NODES:
-            await agents.send(agents.beat(node))
+        agents, exits = await registered_agents(nc, coordinator)
         registry = coordinator.registry
-
-        async def registered() -> bool:
-            return all(n in registry.nodes for n in NODES)
-
-        await wait_until_async(registered, timeout=30)
         spec = JobSpec(job=JobSection(name="late", nodes=2))
         msg = await nc.request(
             subjects.api(CLUSTER, "submit"), encode(SubmitJob(spec=spec, workdir="/w")), 10
@@ -196,21 +203,7 @@ async def test_a_missing_rank_is_still_found_from_a_beat_built_after_the_launch(
     is evidence, and the leader reconciles the exit."""
     nc = await nats.connect(nats_server.url)
     try:
-        agents = Agents(nc)
-        exits: list[bytes] = []
-
-        async def on_exit(msg: Msg) -> None:
-            exits.append(msg.data)
-
-        await nc.subscribe(subjects.command(CLUSTER, "*"), cb=agents.on_command)
-        await nc.subscribe(subjects.events_filter(CLUSTER, kind="worker.exited"), cb=on_exit)
-        for node in NODES:
-            await agents.send(agents.beat(node))
-
-        async def registered() -> bool:
-            return all(n in coordinator.registry.nodes for n in NODES)
-
-        await wait_until_async(registered, timeout=30)
+        agents, exits = await registered_agents(nc, coordinator)
         spec = JobSpec(job=JobSection(name="late", nodes=2))
         await nc.request(
             subjects.api(CLUSTER, "submit"), encode(SubmitJob(spec=spec, workdir="/w")), 10
